@@ -1,0 +1,51 @@
+"""
+Tiny Shakespeare with the GPT-2 BPE (tiktoken): train.bin / val.bin (uint16 token ids) and meta.pkl.
+
+    python data/shakespeare/prepare.py                                   # downloads the text
+    python data/shakespeare/prepare.py --input=../shared/data/tinyshakespeare.txt
+
+tiktoken fetches its BPE files once; offline, point TIKTOKEN_CACHE_DIR at a folder that holds them
+(../shared/tiktoken_cache does). Expected for the classic file: 301,966 train / 36,059 val tokens.
+"""
+
+import argparse
+import os
+import pickle
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# the text and its download live with the character-level dataset; reuse that script's loader
+sys.path.insert(0, os.path.join(HERE, '..', 'shakespeare_char'))
+from prepare import get_text, write_split, PrepareError  # noqa: E402
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--input', default=None, help='local copy of the text (default: download it)')
+    parser.add_argument('--out_dir', default=HERE, help='where train.bin, val.bin and meta.pkl go')
+    args = parser.parse_args(argv)
+    try:
+        text = get_text(args.input)
+    except PrepareError as e:
+        sys.exit(f"prepare.py: error: {e}")
+    import tiktoken
+    try:
+        enc = tiktoken.get_encoding('gpt2')
+    except Exception as e:  # no network and no cache: say how to fix it in one line
+        sys.exit(f"prepare.py: error: could not load the GPT-2 BPE ({type(e).__name__}); "
+                 "set TIKTOKEN_CACHE_DIR to a folder holding tiktoken's gpt2 files")
+    n = int(0.9 * len(text))
+    train_ids, val_ids = enc.encode_ordinary(text[:n]), enc.encode_ordinary(text[n:])
+    os.makedirs(args.out_dir, exist_ok=True)
+    write_split(train_ids, os.path.join(args.out_dir, 'train.bin'))
+    write_split(val_ids, os.path.join(args.out_dir, 'val.bin'))
+    with open(os.path.join(args.out_dir, 'meta.pkl'), 'wb') as f:
+        pickle.dump({'vocab_size': enc.n_vocab, 'tokenizer': 'gpt2'}, f)
+    print(f"{len(text):,} characters -> {len(train_ids):,} train / {len(val_ids):,} val GPT-2 tokens "
+          f"(vocab {enc.n_vocab}) -> {args.out_dir}")
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,96 @@
+"""
+Character-level tiny Shakespeare: writes train.bin / val.bin (uint16 token ids) and meta.pkl (the vocabulary).
+
+    python data/shakespeare_char/prepare.py                                   # downloads the text
+    python data/shakespeare_char/prepare.py --input=../shared/data/tinyshakespeare.txt   # offline
+
+Running it again rewrites the same files. Expected for the classic file: vocab 65, 1,003,854 train and
+111,540 val characters (a 90/10 split).
+"""
+
+import argparse
+import os
+import pickle
+import sys
+import urllib.request
+
+import numpy as np
+
+URL = 'https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt'
+EXPECTED_BYTES = 1_115_394
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class PrepareError(Exception):
+    """A failure with a one-line explanation for the user."""
+
+
+def get_text(input_path=None):
+    """The corpus as a string: from input_path, else from an earlier download, else from the network."""
+    cache_path = os.path.join(HERE, 'input.txt')
+    if input_path is not None:
+        if not os.path.isfile(input_path):
+            raise PrepareError(f"input file {input_path} does not exist")
+        with open(input_path, encoding='utf-8') as f:
+            return f.read()
+    if not os.path.exists(cache_path):
+        print(f"downloading {URL}")
+        tmp = cache_path + '.tmp'
+        try:
+            with urllib.request.urlopen(URL, timeout=15) as r:
+                if r.status != 200:
+                    raise PrepareError(f"download failed with HTTP status {r.status}")
+                data = r.read()
+        except OSError as e:  # URLError, timeouts and refused connections are all OSErrors
+            raise PrepareError(f"could not download {URL} ({getattr(e, 'reason', e)}); pass a local copy "
+                               f"instead: python {os.path.relpath(__file__)} --input=PATH") from None
+        if len(data) != EXPECTED_BYTES:
+            raise PrepareError(f"downloaded {len(data):,} bytes, expected {EXPECTED_BYTES:,}; not keeping it")
+        with open(tmp, 'wb') as f:  # write then rename: an interrupted download never looks complete
+            f.write(data)
+        os.replace(tmp, cache_path)
+    with open(cache_path, encoding='utf-8') as f:
+        return f.read()
+
+
+def write_split(ids, path):
+    tmp = path + '.tmp'
+    np.asarray(ids, dtype=np.uint16).tofile(tmp)
+    os.replace(tmp, path)
+
+
+def prepare(text, out_dir):
+    """Character vocabulary, 90/10 split, uint16 files. Returns (vocab_size, n_train, n_val)."""
+    if len(text) < 100:
+        raise PrepareError(f"the text has only {len(text)} characters; need at least 100")
+    chars = sorted(set(text))
+    stoi = {ch: i for i, ch in enumerate(chars)}
+    n = int(0.9 * len(text))
+    os.makedirs(out_dir, exist_ok=True)
+    write_split([stoi[c] for c in text[:n]], os.path.join(out_dir, 'train.bin'))
+    write_split([stoi[c] for c in text[n:]], os.path.join(out_dir, 'val.bin'))
+    meta = {'vocab_size': len(chars), 'itos': dict(enumerate(chars)), 'stoi': stoi, 'tokenizer': 'char'}
+    with open(os.path.join(out_dir, 'meta.pkl'), 'wb') as f:
+        pickle.dump(meta, f)
+    return len(chars), n, len(text) - n
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--input', default=None, help='local copy of the text (default: download it)')
+    parser.add_argument('--out_dir', default=HERE, help='where train.bin, val.bin and meta.pkl go')
+    args = parser.parse_args(argv)
+    try:
+        text = get_text(args.input)
+        vocab, n_train, n_val = prepare(text, args.out_dir)
+    except PrepareError as e:
+        sys.exit(f"prepare.py: error: {e}")
+    print(f"{len(text):,} characters, vocab {vocab}: {n_train:,} train / {n_val:,} val -> {args.out_dir}")
+    if len(text) == EXPECTED_BYTES:
+        print("matches the classic file: expected vocab 65, 1,003,854 train / 111,540 val")
+    else:
+        print(f"note: not the classic {EXPECTED_BYTES:,}-character file, so the counts differ from the README's")
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,91 @@
+"""
+Generate text from a trained looped model, at its trained loop count or any other.
+
+    python sample.py --out_dir=out/laptop-per_loop-rmsnorm-residual-pen0
+    python sample.py --out_dir=out/laptop-per_loop-rmsnorm-residual-pen0 --n_loop=8   # twice the trained depth
+    python sample.py --out_dir=... --start="ROMEO:" --num_samples=3 --max_new_tokens=300
+    python sample.py --out_dir=... --start=FILE:prompt.txt
+"""
+
+import argparse
+import os
+import sys
+
+import torch
+
+from looped import LoopedConfig, LoopedGPT
+from train import load_checkpoint
+
+
+def get_codec(meta):
+    """encode(str) -> list of ids and decode(list) -> str, from the vocabulary stored in the checkpoint."""
+    if meta.get('tokenizer') == 'gpt2':
+        import tiktoken
+        enc = tiktoken.get_encoding('gpt2')
+        return (lambda s: enc.encode(s, allowed_special={'<|endoftext|>'})), enc.decode
+    stoi, itos = meta['stoi'], meta['itos']
+
+    def encode(s):
+        unknown = sorted(set(s) - set(stoi))
+        if unknown:
+            raise ValueError(f"the start text has characters outside the model's vocabulary: {unknown!r}")
+        return [stoi[c] for c in s]
+    return encode, lambda ids: ''.join(itos[i] for i in ids)
+
+
+def get_parser():
+    p = argparse.ArgumentParser(description='Sample from a looped model checkpoint.')
+    p.error = lambda msg: sys.exit(f"sample.py: error: {msg}")
+    p.add_argument('--out_dir', required=True, help='the run folder that holds ckpt.pt')
+    p.add_argument('--start', default='\n', help='prompt text, or FILE:path to read it from a file')
+    p.add_argument('--num_samples', type=int, default=2)
+    p.add_argument('--max_new_tokens', type=int, default=300)
+    p.add_argument('--temperature', type=float, default=0.8, help='below 1: more conservative, above: more random')
+    p.add_argument('--top_k', type=int, default=200, help='sample among the k most likely tokens only')
+    p.add_argument('--seed', type=int, default=1337)
+    p.add_argument('--n_loop', type=int, default=None, help='loops per token (default: the trained K)')
+    p.add_argument('--device', default='auto', help='auto, cpu, cuda or mps')
+    return p
+
+
+def main(argv=None):
+    p = get_parser()
+    args = p.parse_args(argv)
+    if args.n_loop is not None and args.n_loop < 1:
+        p.error(f"--n_loop={args.n_loop} must be at least 1")
+    if args.temperature <= 0 or args.top_k < 1 or args.num_samples < 1 or args.max_new_tokens < 0:
+        p.error("need --temperature > 0, --top_k >= 1, --num_samples >= 1 and --max_new_tokens >= 0")
+
+    device = args.device
+    if device == 'auto':
+        device = 'cuda' if torch.cuda.is_available() else 'mps' if torch.backends.mps.is_available() else 'cpu'
+    try:
+        ckpt = load_checkpoint(os.path.join(args.out_dir, 'ckpt.pt'), device)
+        config = LoopedConfig(**ckpt['config'])
+        encode, decode = get_codec(ckpt['meta'])
+        start = args.start
+        if start.startswith('FILE:'):
+            with open(start[5:], encoding='utf-8') as f:
+                start = f.read()
+        ids = encode(start)
+    except (ValueError, OSError) as e:
+        sys.exit(f"sample.py: error: {e}")
+    if not ids:
+        p.error("the start text is empty")
+
+    torch.manual_seed(args.seed)
+    model = LoopedGPT(config)
+    model.load_state_dict(ckpt['model'])
+    model.eval().to(device)
+    n_loop = args.n_loop or config.n_loop
+    print(f"{args.out_dir} at step {ckpt['step']}: {config.readout} readout, {config.recurrence} recurrence, "
+          f"trained with K={config.n_loop}, sampling with {n_loop} loops per token")
+    x = torch.tensor(ids, dtype=torch.long, device=device)[None, :]  # (1, T)
+    for _ in range(args.num_samples):
+        y = model.generate(x, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, n_loop=n_loop)
+        print(decode(y[0].tolist()))
+        print('---------------')
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,167 @@
+"""The model's math: readout scale invariance, radial gradients, recurrence variants, loss bookkeeping."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from looped import LoopedConfig, LoopedGPT, Readout
+
+torch.set_default_dtype(torch.float32)
+
+
+def tiny(**kw):
+    base = dict(vocab_size=11, block_size=16, n_embd=32, n_head=4, n_layer=2, n_loop=3)
+    torch.manual_seed(0)
+    return LoopedGPT(LoopedConfig(**{**base, **kw}))
+
+
+def batch(B=2, T=16, V=11, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(V, (B, T), generator=g), torch.randint(V, (B, T), generator=g)
+
+
+@pytest.mark.parametrize('readout', ['rmsnorm', 'layernorm', 'raw', 'final_norm'])
+def test_readout_scale_invariance(readout):
+    """rmsnorm/layernorm give the same logits for h and a*h; raw does not; final_norm is raw before loop K."""
+    model = tiny(readout=readout)
+    h = torch.randn(2, 5, 32) * 3
+    K = model.config.n_loop
+    for k in range(1, K + 1):
+        same = [torch.allclose(model.lm_head(model.readout(a * h, k)), model.lm_head(model.readout(h, k)), rtol=1e-4, atol=1e-4)
+                for a in (0.1, 7.0, 1000.0)]
+        invariant = readout in ('rmsnorm', 'layernorm') or (readout == 'final_norm' and k == K)
+        assert all(same) if invariant else not any(same), (readout, k)
+
+
+@pytest.mark.parametrize('readout', ['rmsnorm', 'layernorm', 'raw'])
+def test_radial_gradient(readout):
+    """<dCE/dh, h> is ~0 for scale-invariant readouts (the blind spot) and clearly not for raw."""
+    model = tiny(readout=readout).double()
+    h = (torch.randn(4, 8, 32, dtype=torch.float64) * 5).requires_grad_()
+    targets = torch.randint(11, (4 * 8,))
+    logits = model.lm_head(model.readout(h, model.config.n_loop))
+    F.cross_entropy(logits.view(-1, 11), targets).backward()
+    cos = F.cosine_similarity(h.grad, h.detach(), dim=-1).abs()  # (4, 8): one per token
+    if readout == 'raw':
+        assert cos.mean() > 1e-2
+    else:
+        assert cos.max() < 1e-5  # zero but for the norm's epsilon
+
+
+def capture_states(model):
+    """Keep every loop's h_k (the last block's output) with its gradient retained."""
+    states = []
+
+    def hook(module, inputs, output):
+        output.retain_grad()
+        states.append(output)
+    model.blocks[-1].register_forward_hook(hook)
+    return states
+
+
+def test_penalty_gradient_is_radial():
+    """The penalty's own gradient at h_K is 2 * lambda / (K * B * T * d) * h_K: parallel to h_K."""
+    lam, x, y = 0.5, *batch()
+    grads = {}
+    for penalty in (0.0, lam):
+        model = tiny(norm_penalty=penalty, supervision='terminal')
+        states = capture_states(model)
+        model(x, y)[1].backward()
+        grads[penalty] = states[-1].grad
+        h_K = states[-1].detach()
+    diff = grads[lam] - grads[0.0]
+    K, (B, T, d) = 3, h_K.shape
+    assert torch.allclose(diff, 2 * lam / (K * B * T * d) * h_K, rtol=1e-4, atol=1e-9)
+    # and without the penalty, an rmsnorm readout leaves no radial gradient on the last state
+    assert F.cosine_similarity(grads[0.0], h_K, dim=-1).abs().max() < 1e-3
+
+
+def test_normed_recurrence_removes_input_scale():
+    """With 'normed' recurrence a loop's output does not depend on the scale of its input; with 'residual' it does."""
+    h = torch.randn(2, 16, 32)
+    for recurrence in ('normed', 'residual'):
+        model = tiny(recurrence=recurrence).eval()
+        norms = [model.loop_step(a * h, 2).norm(dim=-1).mean().item() for a in (0.1, 1.0, 100.0)]
+        if recurrence == 'normed':
+            assert max(norms) / min(norms) < 1.001, norms
+        else:
+            assert norms[2] > 50 * norms[0], norms
+
+
+def test_per_loop_and_terminal_losses():
+    x, y = batch()
+    per_loop, terminal = tiny(supervision='per_loop'), tiny(supervision='terminal')  # same seed: same weights
+    _, loss_p, stats_p = per_loop(x, y)
+    _, loss_t, stats_t = terminal(x, y)
+    assert torch.allclose(stats_p['ce'], stats_t['ce'])
+    assert torch.allclose(loss_p, stats_p['ce'].mean())
+    assert torch.allclose(loss_t, stats_t['ce'][-1])
+    assert not torch.allclose(loss_p, loss_t)
+    # terminal supervision: loops before the last still get gradient, but only through the last readout
+    loss_t.backward()
+    assert terminal.blocks[0].attn.c_attn.weight.grad.abs().sum() > 0
+
+
+def test_penalty_adds_mean_square_norm():
+    x, y = batch()
+    _, loss_0, stats = tiny()(x, y)
+    model = tiny(norm_penalty=0.01)
+    states = capture_states(model)
+    _, loss_1, _ = model(x, y)
+    expected = 0.01 * torch.stack([h.pow(2).mean() for h in states]).mean()
+    assert torch.allclose(loss_1 - loss_0, expected, rtol=1e-4)
+    # hidden_norm is the mean over tokens of ||h_k||, before any normalization
+    assert torch.allclose(stats['hidden_norm'], torch.stack([h.norm(dim=-1).mean() for h in states]), rtol=1e-5)
+
+
+def test_more_loops_than_trained():
+    model = tiny().eval()
+    x, y = batch()
+    _, _, s3 = model(x, y)
+    _, _, s8 = model(x, y, n_loop=8)
+    assert s8['ce'].shape == (8,) and s8['hidden_norm'].shape == (8,)
+    assert torch.allclose(s8['ce'][:3], s3['ce'])  # the first loops do not depend on how many follow
+    out = model.generate(x[:, :4], max_new_tokens=5, n_loop=8)
+    assert out.shape == (2, 9)
+
+
+def test_sdpa_matches_manual_attention():
+    x, y = batch()
+    sdpa, manual = tiny(attention='sdpa'), tiny(attention='manual')
+    manual.load_state_dict(sdpa.state_dict())
+    for mode in ('train', 'eval'):  # dropout is 0, so both modes must agree too
+        getattr(sdpa, mode)(), getattr(manual, mode)()
+        a, b = sdpa(x, y), manual(x, y)
+        assert torch.allclose(a[0], b[0], atol=1e-4) and torch.allclose(a[1], b[1], atol=1e-5)
+
+
+def test_param_count_flops_and_tying():
+    paper, paper_k8 = tiny(), tiny(n_loop=8)
+    assert paper.num_params() == paper_k8.num_params()  # looping adds depth, not parameters
+    assert paper.lm_head.weight is paper.wte.weight
+    gpt2 = tiny(init='gpt2')
+    assert gpt2.lm_head.weight is not gpt2.wte.weight
+    assert gpt2.num_params() == paper.num_params() + 11 * 32
+    assert abs(gpt2.wte.weight.std().item() - 0.02) < 0.005
+    assert abs(paper.wte.weight.std().item() - 1.0) < 0.1  # PyTorch's N(0, 1) embedding
+    # per-loop supervision pays for K - 1 more readouts (forward + backward) than terminal
+    terminal = tiny(supervision='terminal')
+    assert paper.flops_per_token() - terminal.flops_per_token() == 6 * 2 * 11 * 32
+    assert paper_k8.flops_per_token() > paper.flops_per_token()
+
+
+@pytest.mark.parametrize('bad, match', [
+    (dict(n_embd=30, n_head=4), 'divisible'), (dict(n_loop=0), 'n_loop'), (dict(norm_penalty=-1.0), 'norm_penalty'),
+    (dict(readout='foo'), 'readout'), (dict(recurrence='bar'), 'recurrence'), (dict(dropout=1.5), 'dropout'),
+])
+def test_config_rejects_bad_values(bad, match):
+    with pytest.raises(ValueError, match=match):
+        LoopedConfig(**bad)
+
+
+def test_readout_module_final_norm_rule():
+    r = Readout(LoopedConfig(readout='final_norm', n_loop=4))
+    h = torch.randn(3, 128) * 50
+    assert torch.equal(r(h, 1), h) and torch.equal(r(h, 3), h)
+    assert r(h, 4).pow(2).mean(-1).allclose(torch.ones(3), atol=1e-3)
+    assert r(h, 8).pow(2).mean(-1).allclose(torch.ones(3), atol=1e-3)

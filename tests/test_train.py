@@ -1,0 +1,220 @@
+"""train.py, sample.py and the prepare scripts end to end, on tiny runs in temporary folders."""
+
+import hashlib
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import sample
+import train
+from conftest import ROOT, SHAKESPEARE, char_prepare
+
+TINY = ['--n_layer=1', '--n_embd=32', '--n_head=2', '--n_loop=2', '--block_size=16', '--batch_size=4',
+        '--eval_iters=2', '--log_interval=2']
+
+
+def run_train(data, out_dir, *flags):
+    train.main(['--dataset', data, '--out_dir', str(out_dir), *TINY, *flags])
+
+
+def read_log(out_dir):
+    with open(os.path.join(out_dir, 'log.jsonl')) as f:
+        return [json.loads(line) for line in f]
+
+
+def digest(path):
+    with open(path, 'rb') as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+@pytest.fixture(scope='module')
+def finished_run(small_data, tmp_path_factory):
+    out = tmp_path_factory.mktemp('run')
+    run_train(small_data, out, '--max_iters=6', '--eval_interval=3')
+    return small_data, out
+
+
+def test_smoke_run_writes_log_and_checkpoint(finished_run):
+    _, out = finished_run
+    log = read_log(out)
+    assert log[0]['config']['model']['n_loop'] == 2 and log[0]['config']['readout'] == 'rmsnorm'
+    assert [r['step'] for r in log[1:]] == [0, 3, 6]
+    for r in log[1:]:
+        assert isinstance(r['train_loss'], float) and len(r['val_loss']) == 3 and len(r['hidden_norm']) == 2
+        assert all(np.isfinite(r['val_loss'])) and all(h > 0 for h in r['hidden_norm']) and r['elapsed_s'] >= 0
+    ckpt = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=False)
+    assert ckpt['step'] == 6 and ckpt['config']['n_loop'] == 2 and ckpt['meta']['vocab_size'] > 0
+    assert ckpt['best_val_loss'] == min(r['val_loss'][1] for r in log[2:])
+    assert not any(k.startswith('_orig_mod') for k in ckpt['model'])  # the uncompiled module's names
+
+
+def test_resume_continues_the_same_curve(small_data, tmp_path):
+    """12 steps in one go == 6 steps, stop, resume to 12: same log records and bit-identical weights."""
+    run_train(small_data, tmp_path / 'straight', '--max_iters=12', '--eval_interval=6', '--dropout=0.1')
+    run_train(small_data, tmp_path / 'resumed', '--max_iters=6', '--eval_interval=6', '--dropout=0.1')
+    run_train(small_data, tmp_path / 'resumed', '--max_iters=12', '--eval_interval=6', '--dropout=0.1', '--resume')
+    a, b = read_log(tmp_path / 'straight'), read_log(tmp_path / 'resumed')
+    strip = lambda log: [{k: v for k, v in r.items() if k != 'elapsed_s'} for r in log[1:]]
+    assert strip(a) == strip(b) and [r['step'] for r in b[1:]] == [0, 6, 12]
+    wa = torch.load(tmp_path / 'straight' / 'ckpt.pt', weights_only=False)['model']
+    wb = torch.load(tmp_path / 'resumed' / 'ckpt.pt', weights_only=False)['model']
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_nan_loss_stops_and_keeps_last_checkpoint(small_data, tmp_path, monkeypatch):
+    original, calls = train.LoopedGPT.forward, []
+
+    def poisoned(self, idx, targets=None, n_loop=None):
+        logits, loss, stats = original(self, idx, targets, n_loop)
+        if self.training:
+            calls.append(1)
+            if len(calls) == 5:
+                loss = loss * float('nan')
+        return logits, loss, stats
+    monkeypatch.setattr(train.LoopedGPT, 'forward', poisoned)
+    with pytest.raises(SystemExit) as e:
+        run_train(small_data, tmp_path, '--max_iters=20', '--eval_interval=2')
+    assert 'nan at step 5' in str(e.value.code) and '\n' not in str(e.value.code)
+    assert torch.load(tmp_path / 'ckpt.pt', weights_only=False)['step'] == 4
+    assert [r['step'] for r in read_log(tmp_path)[1:]] == [0, 2, 4]
+
+
+def test_refuses_to_overwrite_a_run(finished_run):
+    data, out = finished_run
+    before = digest(out / 'ckpt.pt'), digest(out / 'log.jsonl')
+    with pytest.raises(SystemExit, match='already holds a run'):
+        run_train(data, out, '--max_iters=2')
+    assert (digest(out / 'ckpt.pt'), digest(out / 'log.jsonl')) == before
+
+
+@pytest.mark.parametrize('flags, message', [
+    (['--readout=foo'], "invalid choice: 'foo'"),
+    (['--norm_penalty=-1'], 'norm_penalty=-1.0 must be'),
+    (['--n_loop=0'], 'n_loop=0 must be at least 1'),
+    (['--n_embd=33'], 'not divisible'),
+    (['--tie_weights=maybe'], 'expected True/False/1/0'),
+    (['--dataset=no/such/folder'], 'unknown dataset'),
+    (['--resume', '--out_dir={empty}'], 'no checkpoint at'),
+    (['--resume', '--out_dir={truncated}'], 'unreadable'),
+])
+def test_bad_input_is_one_line_and_harmless(finished_run, tmp_path, flags, message):
+    data, out = finished_run
+    truncated = tmp_path / 'truncated'
+    truncated.mkdir()
+    raw = (out / 'ckpt.pt').read_bytes()
+    (truncated / 'ckpt.pt').write_bytes(raw[:len(raw) // 2])
+    (truncated / 'log.jsonl').write_text('{"config": {}}\n')
+    flags = [f.format(empty=tmp_path / 'empty', truncated=truncated) for f in flags]
+    if not any(f.startswith('--out_dir') for f in flags):
+        flags.append(f'--out_dir={out}')  # point every bad command at a real run: it must survive
+    before = {p: digest(p) for p in (out / 'ckpt.pt', out / 'log.jsonl', truncated / 'ckpt.pt', truncated / 'log.jsonl')}
+    with pytest.raises(SystemExit) as e:
+        train.main(['--dataset', data, *TINY, *flags])
+    assert e.value.code not in (0, None) and message in str(e.value.code) and '\n' not in str(e.value.code)
+    assert {p: digest(p) for p in before} == before
+    assert not (tmp_path / 'empty').exists()
+
+
+def test_cli_error_is_a_single_stderr_line():
+    r = subprocess.run([sys.executable, 'train.py', '--readout=foo'], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode != 0 and r.stdout == ''
+    assert r.stderr.strip().count('\n') == 0 and 'invalid choice' in r.stderr
+
+
+def test_missing_default_dataset_without_network(tmp_path, monkeypatch):
+    """The default dataset is prepared on first use; when the download fails, one line says what to do."""
+    import shutil
+    import urllib.error
+    import urllib.request
+    (tmp_path / 'data' / 'shakespeare_char').mkdir(parents=True)
+    shutil.copy(os.path.join(ROOT, 'data', 'shakespeare_char', 'prepare.py'), tmp_path / 'data' / 'shakespeare_char')
+    monkeypatch.setattr(train, 'HERE', str(tmp_path))
+
+    def offline(*a, **k):
+        raise urllib.error.URLError('no network')
+    monkeypatch.setattr(urllib.request, 'urlopen', offline)
+    with pytest.raises(SystemExit) as e:
+        train.main([*TINY, '--out_dir', str(tmp_path / 'out')])
+    assert 'could not download' in str(e.value.code) and '--input=PATH' in str(e.value.code)
+    assert not (tmp_path / 'out').exists()
+
+
+def test_ctrl_c_saves_and_resumes(small_data, tmp_path):
+    cmd = [sys.executable, '-u', 'train.py', '--dataset', small_data, '--out_dir', str(tmp_path), *TINY,
+           '--max_iters=100000', '--eval_interval=100000']
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in proc.stdout:  # wait until training is under way
+        if line.startswith('step '):
+            break
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out
+    step = torch.load(tmp_path / 'ckpt.pt', weights_only=False)['step']
+    assert step >= 2 and f'at step {step}' in out
+    run_train(small_data, tmp_path, f'--max_iters={step + 2}', '--eval_interval=100000', '--resume')
+    assert torch.load(tmp_path / 'ckpt.pt', weights_only=False)['step'] == step + 2
+
+
+def test_sample_prints_text_at_other_loop_counts(finished_run, capsys):
+    _, out = finished_run
+    sample.main(['--out_dir', str(out), '--n_loop=4', '--max_new_tokens=20', '--start=ROMEO:', '--num_samples=1'])
+    text = capsys.readouterr().out
+    assert 'sampling with 4 loops' in text and 'ROMEO:' in text and len(text.split('ROMEO:')[1]) >= 20
+    with pytest.raises(SystemExit, match='outside'):
+        sample.main(['--out_dir', str(out), '--start=\u00e9'])
+    with pytest.raises(SystemExit, match='n_loop=0'):
+        sample.main(['--out_dir', str(out), '--n_loop=0'])
+
+
+def test_prepare_char_on_a_local_file(tmp_path):
+    text = 'hello world\nthe quick brown fox jumps over the lazy dog\n' * 20
+    src = tmp_path / 'in.txt'
+    src.write_text(text)
+    char_prepare.main(['--input', str(src), '--out_dir', str(tmp_path)])
+    meta = np.load(tmp_path / 'meta.pkl', allow_pickle=True)
+    train_ids, val_ids = np.fromfile(tmp_path / 'train.bin', np.uint16), np.fromfile(tmp_path / 'val.bin', np.uint16)
+    assert meta['vocab_size'] == len(set(text)) and len(train_ids) == int(0.9 * len(text))
+    assert ''.join(meta['itos'][i] for i in np.concatenate([train_ids, val_ids])) == text
+    with pytest.raises(SystemExit, match='does not exist'):
+        char_prepare.main(['--input', str(tmp_path / 'missing.txt'), '--out_dir', str(tmp_path)])
+
+
+def test_prepare_bpe_on_a_local_file(tmp_path, monkeypatch):
+    cache = os.environ.get('TIKTOKEN_CACHE_DIR') or os.path.join(ROOT, '..', 'shared', 'tiktoken_cache')
+    if not os.path.isdir(cache):
+        pytest.skip('no tiktoken cache for the GPT-2 BPE (set TIKTOKEN_CACHE_DIR)')
+    text = 'First Citizen:\nBefore we proceed any further, hear me speak.\n' * 10
+    (tmp_path / 'in.txt').write_text(text)
+    monkeypatch.setenv('TIKTOKEN_CACHE_DIR', cache)
+    r = subprocess.run([sys.executable, 'data/shakespeare/prepare.py', '--input', str(tmp_path / 'in.txt'),
+                        '--out_dir', str(tmp_path)], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    import tiktoken
+    ids = np.concatenate([np.fromfile(tmp_path / f'{s}.bin', np.uint16) for s in ('train', 'val')])
+    assert tiktoken.get_encoding('gpt2').decode(ids.tolist()) == text
+
+
+def readme_commands():
+    with open(os.path.join(ROOT, 'README.md')) as f:
+        readme = f.read()
+    cmds = re.findall(r'^\s*(?:\$ )?python3? (train|sample)\.py(.*)$', readme, flags=re.M)
+    assert len(cmds) >= 5, 'the README should show its train/sample commands'
+    return cmds
+
+
+def test_every_readme_command_parses():
+    for script, rest in readme_commands():
+        argv = shlex.split(rest.split('#')[0])
+        if script == 'train':
+            train.parse_args(argv)
+        else:
+            sample.get_parser().parse_args(argv)

@@ -1,0 +1,374 @@
+"""
+Train a looped transformer LM and log the per-loop hidden-state norms that the paper is about.
+
+The laptop demo (2-core CPU, a few minutes each); every run writes out/<config>-<variant>/ by default:
+    python train.py --readout=rmsnorm --norm_penalty=0      # the blind spot: ||h_K|| climbs
+    python train.py --readout=raw                           # scale visible to the loss: ||h_K|| stays small
+    python train.py --norm_penalty=0.01                     # explicit penalty
+    python train.py --recurrence=normed                     # inter-loop normalization removes the scale
+A larger character-level model on one GPU (CUDA: bf16, TF32, fused AdamW, torch.compile by default):
+    python train.py --config=gpu_char --readout=rmsnorm
+Continue an interrupted run (same flags), or extend it:
+    python train.py --readout=rmsnorm --resume --max_iters=1200
+Tests:
+    python -m pytest -q tests
+"""
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import pickle
+import signal
+import sys
+import time
+from contextlib import nullcontext
+
+import numpy as np
+import torch
+
+from looped import LoopedConfig, LoopedGPT, READOUTS, RECURRENCES, SUPERVISIONS, INITS, MLPS
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# Named configurations; any explicit flag overrides them. 'laptop' is the default: on a 2-core CPU it
+# trains, evaluates and checkpoints in a few minutes and its log shows the blind spot.
+CONFIGS = {
+    'laptop': dict(n_layer=2, n_embd=128, n_head=4, n_loop=4, block_size=128, batch_size=16, dropout=0.0,
+                   max_iters=500, eval_interval=100, eval_iters=8, log_interval=20, learning_rate=3e-3),
+    'gpu_char': dict(n_layer=4, n_embd=256, n_head=4, n_loop=4, block_size=256, batch_size=32, dropout=0.1,
+                     max_iters=3000, eval_interval=250, eval_iters=20, log_interval=50, learning_rate=3e-4),
+}
+DATASETS = ('shakespeare_char', 'shakespeare')
+
+
+def str2bool(s):
+    if s.lower() in ('1', 'true', 'yes'):
+        return True
+    if s.lower() in ('0', 'false', 'no'):
+        return False
+    raise argparse.ArgumentTypeError(f"expected True/False/1/0, got {s!r}")
+
+
+def auto_or_bool(s):
+    return 'auto' if s == 'auto' else str2bool(s)
+
+
+def get_parser():
+    p = argparse.ArgumentParser(description='Train a looped transformer LM.',
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    # a one-line error instead of argparse's usage block, which is longer than the screen here
+    p.error = lambda msg: sys.exit(f"train.py: error: {msg}")
+    p.add_argument('--config', default='laptop', choices=CONFIGS, help='named configuration; flags override it')
+    # the model (LoopedConfig in looped.py says what each one means)
+    p.add_argument('--readout', default='rmsnorm', choices=READOUTS)
+    p.add_argument('--recurrence', default='residual', choices=RECURRENCES)
+    p.add_argument('--supervision', default='per_loop', choices=SUPERVISIONS)
+    p.add_argument('--norm_penalty', type=float, default=0.0, help='lambda of lambda * mean_k mean(h_k^2)')
+    p.add_argument('--init', default='paper', choices=INITS)
+    p.add_argument('--mlp', default='swiglu', choices=MLPS)
+    p.add_argument('--tie_weights', type=str2bool, default=None, help='default: tied for init=paper only')
+    p.add_argument('--n_loop', type=int, help='K, loops of the shared stack')
+    p.add_argument('--n_layer', type=int, help='layers in the shared stack')
+    p.add_argument('--n_embd', type=int)
+    p.add_argument('--n_head', type=int)
+    p.add_argument('--block_size', type=int, help='context length')
+    p.add_argument('--dropout', type=float)
+    # optimization: AdamW, constant learning rate, as in the paper
+    p.add_argument('--batch_size', type=int)
+    p.add_argument('--max_iters', type=int)
+    p.add_argument('--learning_rate', type=float)
+    p.add_argument('--weight_decay', type=float, default=0.01)
+    p.add_argument('--grad_clip', type=float, default=1.0, help='0 disables clipping')
+    # evaluation, logging, checkpoints
+    p.add_argument('--eval_interval', type=int)
+    p.add_argument('--eval_iters', type=int, help='validation batches per evaluation')
+    p.add_argument('--log_interval', type=int)
+    p.add_argument('--dataset', default='shakespeare_char',
+                   help=f"one of {', '.join(DATASETS)} (folders under data/), or a path to a folder with "
+                        "train.bin, val.bin and meta.pkl")
+    p.add_argument('--out_dir', default=None, help='default: out/<config>-<supervision>-<readout>-<recurrence>-pen<lambda>')
+    p.add_argument('--resume', type=str2bool, nargs='?', const=True, default=False,
+                   help="continue the run in out_dir from its ckpt.pt")
+    p.add_argument('--overwrite', type=str2bool, nargs='?', const=True, default=False,
+                   help='start afresh even if out_dir already holds a run (its ckpt.pt and log.jsonl are replaced)')
+    # system
+    p.add_argument('--device', default='auto', help='auto, cpu, cuda, cuda:N or mps')
+    p.add_argument('--dtype', default='auto', choices=['auto', 'float32', 'bfloat16'], help='auto: bf16 on CUDA')
+    p.add_argument('--compile', type=auto_or_bool, default='auto', help='auto: on for CUDA')
+    p.add_argument('--seed', type=int, default=1337)
+    return p
+
+
+def parse_args(argv=None):
+    """Two passes: the first finds --config, whose values then become the defaults of the second."""
+    parser = get_parser()
+    known, _ = parser.parse_known_args(argv)
+    parser.set_defaults(**CONFIGS[known.config])
+    args = parser.parse_args(argv)
+    for name in ('batch_size', 'max_iters', 'eval_interval', 'eval_iters', 'log_interval'):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name}={getattr(args, name)} must be at least 1")
+    if not args.learning_rate > 0:
+        parser.error(f"--learning_rate={args.learning_rate} must be positive")
+    if args.out_dir is None:
+        args.out_dir = os.path.join('out', f"{args.config}-{args.supervision}-{args.readout}-{args.recurrence}"
+                                           f"-pen{args.norm_penalty:g}")
+    return args
+
+
+def setup_device(args):
+    """The one place where device, dtype and compile are decided. Prints the choice."""
+    if args.device == 'auto':
+        device = 'cuda' if torch.cuda.is_available() else 'mps' if torch.backends.mps.is_available() else 'cpu'
+    else:
+        device = args.device
+    device_type = device.split(':')[0]
+    if device_type == 'cuda' and not torch.cuda.is_available():
+        sys.exit("train.py: error: --device=cuda but torch sees no CUDA GPU")
+    dtype = args.dtype
+    if dtype == 'auto':
+        dtype = 'bfloat16' if device_type == 'cuda' and torch.cuda.is_bf16_supported() else 'float32'
+    compile_ = device_type == 'cuda' if args.compile == 'auto' else args.compile
+    if device_type == 'cuda':
+        torch.backends.cuda.matmul.allow_tf32 = True  # TF32 for any fp32 matmul that autocast leaves alone
+        torch.backends.cudnn.allow_tf32 = True
+    # bf16 autocast: weights and the residual stream stay fp32, matmuls run in bf16
+    ctx = torch.autocast(device_type, dtype=torch.bfloat16) if dtype == 'bfloat16' else nullcontext()
+    why = '' if args.compile != 'auto' else ' (auto: on for CUDA only; on CPU it costs ~30 s and gains nothing here)'
+    print(f"device: {device} | dtype: {dtype} | compile: {compile_}{why}")
+    return device, device_type, ctx, compile_
+
+
+class Data:
+    """train.bin / val.bin as uint16 arrays, random training windows and fixed evaluation windows."""
+
+    def __init__(self, folder, block_size, batch_size, device, seed):
+        self.folder, self.T, self.B, self.device = folder, block_size, batch_size, device
+        self.splits = {s: np.memmap(os.path.join(folder, f'{s}.bin'), dtype=np.uint16, mode='r') for s in ('train', 'val')}
+        for split, data in self.splits.items():
+            if len(data) <= block_size + 1:
+                raise ValueError(f"{folder}/{split}.bin has {len(data)} tokens, too few for block_size={block_size}")
+        with open(os.path.join(folder, 'meta.pkl'), 'rb') as f:
+            self.meta = pickle.load(f)
+        self.gen = torch.Generator().manual_seed(seed)  # its state goes into the checkpoint, for exact resume
+
+    def _batch(self, data, starts):
+        x = torch.stack([torch.from_numpy(data[i:i + self.T].astype(np.int64)) for i in starts])
+        y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + self.T].astype(np.int64)) for i in starts])
+        if self.device.startswith('cuda'):
+            return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
+        return x.to(self.device), y.to(self.device)
+
+    def train_batch(self):
+        data = self.splits['train']
+        return self._batch(data, torch.randint(len(data) - self.T - 1, (self.B,), generator=self.gen).tolist())
+
+    def fixed_batches(self, split, n_batches):
+        """n_batches windows spread evenly over the split, the same for every run and every evaluation;
+        they do not overlap whenever the split is long enough to hold them all."""
+        data = self.splits[split]
+        starts = np.linspace(0, len(data) - self.T - 1, n_batches * self.B).astype(np.int64).tolist()
+        return [self._batch(data, starts[i * self.B:(i + 1) * self.B]) for i in range(n_batches)]
+
+
+def find_dataset(name):
+    """The dataset folder; the default one is prepared on first use. Raises ValueError with a one-line hint."""
+    if os.path.isdir(name) and name not in DATASETS:
+        folder = name
+    elif name in DATASETS:
+        folder = os.path.join(HERE, 'data', name)
+    else:
+        raise ValueError(f"unknown dataset {name!r}: use one of {', '.join(DATASETS)} or a folder with train.bin")
+    if all(os.path.exists(os.path.join(folder, f)) for f in ('train.bin', 'val.bin', 'meta.pkl')):
+        return folder
+    prepare = os.path.relpath(os.path.join(folder, 'prepare.py'))
+    if name != 'shakespeare_char':
+        raise ValueError(f"{folder} has no train.bin/val.bin/meta.pkl; prepare it first: python {prepare}")
+    print(f"{folder} is not prepared yet; preparing it now")
+    spec = importlib.util.spec_from_file_location('prepare_shakespeare_char', prepare)
+    prep = importlib.util.module_from_spec(spec)  # data/shakespeare_char/prepare.py, imported by its path
+    spec.loader.exec_module(prep)
+    try:
+        prep.prepare(prep.get_text(), folder)
+    except prep.PrepareError as e:
+        raise ValueError(f"dataset {name} is not prepared and {e}") from None
+    return folder
+
+
+@torch.no_grad()
+def evaluate(model, batches, n_loop, ctx):
+    """Mean cross-entropy at every exit depth 1..n_loop and mean ||h_k|| at every loop, over fixed batches."""
+    model.eval()
+    ce, norm = 0.0, 0.0
+    for x, y in batches:
+        with ctx:
+            _, _, stats = model(x, y, n_loop=n_loop)
+        ce, norm = ce + stats['ce'].float(), norm + stats['hidden_norm'].float()
+    model.train()
+    return (ce / len(batches)).tolist(), (norm / len(batches)).tolist()
+
+
+def save_checkpoint(path, raw_model, optimizer, config, args, step, best_val_loss, last_eval_step, data):
+    ckpt = {
+        'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(), 'config': config.to_dict(),
+        'args': vars(args), 'step': step, 'best_val_loss': best_val_loss, 'last_eval_step': last_eval_step,
+        'meta': data.meta,  # the vocabulary travels with the weights, so sample.py needs no data folder
+        'rng': {'torch': torch.get_rng_state(), 'batches': data.gen.get_state(),
+                'cuda': torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
+    }
+    tmp = path + '.tmp'
+    torch.save(ckpt, tmp)
+    os.replace(tmp, path)  # atomic: a crash mid-save leaves the previous checkpoint intact
+
+
+def load_checkpoint(path, device):
+    """The checkpoint dict; ValueError with a one-line message when it is missing or unreadable."""
+    if not os.path.exists(path):
+        raise ValueError(f"no checkpoint at {path} to resume from")
+    try:
+        ckpt = torch.load(path, map_location=device, weights_only=False)
+        missing = {'model', 'config', 'step'} - set(ckpt)
+    except Exception as e:
+        raise ValueError(f"checkpoint {path} is unreadable (truncated or corrupt?): {type(e).__name__}") from None
+    if missing:
+        raise ValueError(f"checkpoint {path} lacks {', '.join(sorted(missing))}; not a looped checkpoint")
+    return ckpt
+
+
+def fmt_time(s):
+    s = int(s)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    ckpt_path, log_path = os.path.join(args.out_dir, 'ckpt.pt'), os.path.join(args.out_dir, 'log.jsonl')
+    device, device_type, ctx, compile_ = setup_device(args)
+
+    # Validate everything before touching out_dir, so that bad input never harms an earlier run.
+    try:
+        ckpt = load_checkpoint(ckpt_path, device) if args.resume else None
+        if ckpt is None:
+            config = LoopedConfig(
+                block_size=args.block_size, n_embd=args.n_embd, n_head=args.n_head, n_layer=args.n_layer,
+                n_loop=args.n_loop, dropout=args.dropout, readout=args.readout, recurrence=args.recurrence,
+                supervision=args.supervision, norm_penalty=args.norm_penalty, init=args.init, mlp=args.mlp,
+                tie_weights=args.tie_weights)
+        else:  # the model is what was trained; the other flags (max_iters, intervals...) may change on resume
+            config = LoopedConfig(**ckpt['config'])
+        data = Data(find_dataset(args.dataset), config.block_size, args.batch_size, device, args.seed)
+        if ckpt is not None and config.vocab_size != data.meta['vocab_size']:
+            raise ValueError(f"{ckpt_path} was trained with vocab {config.vocab_size}, {args.dataset} has {data.meta['vocab_size']}")
+        config.vocab_size = data.meta['vocab_size']
+        if ckpt is not None and ckpt['step'] >= args.max_iters:
+            raise ValueError(f"{ckpt_path} is at step {ckpt['step']} already; pass a larger --max_iters to continue")
+    except ValueError as e:
+        sys.exit(f"train.py: error: {e}")
+    if not args.resume and not args.overwrite and any(map(os.path.exists, (ckpt_path, log_path))):
+        sys.exit(f"train.py: error: {args.out_dir} already holds a run; pass --resume to continue it, "
+                 "--overwrite to replace it, or another --out_dir")
+
+    torch.manual_seed(args.seed)
+    model = LoopedGPT(config).to(device)
+    optimizer = model.configure_optimizers(args.weight_decay, args.learning_rate, device_type)
+    step, best_val_loss, last_eval_step = 0, float('inf'), -1
+    if ckpt is not None:
+        model.load_state_dict(ckpt['model'])
+        optimizer.load_state_dict(ckpt['optimizer'])
+        for group in optimizer.param_groups:  # the learning rate is a training flag: the command line wins
+            group['lr'] = args.learning_rate
+        step, best_val_loss, last_eval_step = ckpt['step'], ckpt['best_val_loss'], ckpt['last_eval_step']
+        torch.set_rng_state(ckpt['rng']['torch'].cpu())
+        data.gen.set_state(ckpt['rng']['batches'].cpu())
+        if ckpt['rng']['cuda'] is not None and device_type == 'cuda':
+            torch.cuda.set_rng_state_all([s.cpu() for s in ckpt['rng']['cuda']])
+        print(f"resuming {args.out_dir} at step {step} (model config from the checkpoint)")
+    raw_model = model  # checkpoints always hold the uncompiled module's weights
+    if compile_:
+        # regional compilation: compile the block, not the unrolled loop, so any loop count reuses one graph
+        for block in model.blocks:
+            block.compile()
+
+    K = config.n_loop
+    val_batches = data.fixed_batches('val', args.eval_iters)
+    train_batches = data.fixed_batches('train', args.eval_iters)
+    tokens_per_step = args.batch_size * config.block_size
+    print(f"{args.out_dir}: {model.num_params():,} parameters, {config.n_layer} layers x {K} loops, "
+          f"readout={config.readout}, recurrence={config.recurrence}, supervision={config.supervision}, "
+          f"norm_penalty={config.norm_penalty:g}, init={config.init}; {tokens_per_step:,} tokens/step, "
+          f"{model.flops_per_token() / 1e6:.1f} MFLOPs/token")
+
+    os.makedirs(args.out_dir, exist_ok=True)
+    if not args.resume:  # a fresh run starts a fresh log, headed by everything needed to reproduce it
+        with open(log_path, 'w') as f:
+            f.write(json.dumps({'config': {**vars(args), 'model': config.to_dict()}}) + '\n')
+
+    # Ctrl-C: finish the current step, save, exit. A second Ctrl-C interrupts at once.
+    stop = []
+    def on_sigint(signum, frame):
+        stop.append(signum)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        print("\ninterrupt: saving a checkpoint after this step (Ctrl-C again to abort)")
+    previous_handler = signal.signal(signal.SIGINT, on_sigint)
+
+    try:
+        t_start, step_start = time.time(), step
+        t_last, train_ces = time.time(), []
+        while True:
+            if (step % args.eval_interval == 0 or step == args.max_iters) and step != last_eval_step:
+                val_ce, val_norm = evaluate(model, val_batches, 2 * K, ctx)
+                train_ce, _ = evaluate(model, train_batches, K, ctx)
+                val_loss = val_ce[:K] + [val_ce[2 * K - 1]]  # exit depths 1..K, then 2K (depth extrapolation)
+                if not all(map(math.isfinite, val_loss)):
+                    sys.exit(f"train.py: error: validation loss is {val_loss[K - 1]} at step {step}; "
+                             f"keeping the last good checkpoint in {args.out_dir}")
+                best_val_loss, last_eval_step = min(best_val_loss, val_loss[K - 1]), step
+                record = {'step': step, 'train_loss': train_ce[K - 1], 'val_loss': val_loss,
+                          'hidden_norm': val_norm[:K], 'hidden_norm_2k': val_norm, 'elapsed_s': round(time.time() - t_start, 2)}
+                if step > 0:  # save first, then log: the log never runs ahead of the checkpoint
+                    save_checkpoint(ckpt_path, raw_model, optimizer, config, args, step, best_val_loss, last_eval_step, data)
+                with open(log_path, 'a') as f:
+                    f.write(json.dumps(record) + '\n')
+                print(f"eval {step}: val loss by depth " + ' '.join(f'{v:.3f}' for v in val_loss[:K])
+                      + f" | 2K {val_loss[K]:.3f} | ||h_k|| " + ' '.join(f'{v:.1f}' for v in val_norm[:K])
+                      + f" | 2K {val_norm[-1]:.1f}")
+            if step >= args.max_iters:
+                break
+
+            x, y = data.train_batch()
+            with ctx:
+                _, loss, stats = model(x, y)
+            loss.backward()
+            if args.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+
+            lossf = loss.item()  # one sync per step buys an exact step number when training diverges
+            if not math.isfinite(lossf):
+                sys.exit(f"train.py: error: training loss is {lossf} at step {step}; stopping, the last good "
+                         f"checkpoint in {args.out_dir} is kept (try a lower --learning_rate)")
+            train_ces.append(stats['ce'][-1])
+            if step % args.log_interval == 0 or step == args.max_iters:
+                dt = (time.time() - t_last) / len(train_ces)
+                eta = (time.time() - t_start) / (step - step_start) * (args.max_iters - step)
+                print(f"step {step}/{args.max_iters} | loss {torch.stack(train_ces).mean().item():.4f} | "
+                      f"||h_K|| {stats['hidden_norm'][-1].item():.1f} | {dt * 1000:.0f} ms/step | "
+                      f"{tokens_per_step / dt:,.0f} tok/s | ETA {fmt_time(eta)}")
+                t_last, train_ces = time.time(), []
+            if stop:
+                save_checkpoint(ckpt_path, raw_model, optimizer, config, args, step, best_val_loss, last_eval_step, data)
+                print(f"saved {ckpt_path} at step {step}; continue with the same flags plus --resume")
+                sys.exit(130)
+
+        print(f"done: {step} steps in {fmt_time(time.time() - t_start)}; final ||h_K|| {val_norm[K - 1]:.1f}, "
+              f"val loss {val_loss[K - 1]:.4f}; log {log_path}")
+    finally:  # leave the caller's (e.g. pytest's) Ctrl-C handling as it was
+        signal.signal(signal.SIGINT, previous_handler)
+
+
+if __name__ == '__main__':
+    main()
