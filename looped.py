@@ -199,10 +199,10 @@ class LoopedGPT(nn.Module):
         # Two recipes, because initialization decides whether the blind spot shows on short runs:
         # 'paper' is the authors' release: PyTorch's own defaults, i.e. nn.Linear U(-1/sqrt(fan_in), +1/sqrt(fan_in)),
         #   nn.Embedding N(0, 1) and norms at gain 1, with the LM head tied to the N(0, 1) token embedding.
-        #   Embeddings of RMS 1 and large logits make the norm grow within a few hundred steps.
+        #   Embeddings of RMS 1 and logits in the tens make the norm run away within the first hundred steps.
         # 'gpt2' is nanoGPT's: N(0, 0.02) everywhere, residual output projections scaled down by
         #   sqrt(2 * unrolled depth) so the sum of all residual writes starts small; the head is untied.
-        #   With it the norm barely moves in a few thousand steps (see REFERENCE notes / README).
+        #   With it the blind spot takes far longer to show (README: "Where this differs from the paper").
         if self.config.init == 'paper':
             return  # the constructors above already applied PyTorch's defaults
         depth = self.config.n_layer * self.config.n_loop
@@ -249,8 +249,8 @@ class LoopedGPT(nn.Module):
                 penalty = penalty + h.float().pow(2).mean()
             if targets is None:
                 continue
-            # Every loop is decoded for the statistics; only supervised loops get a gradient. The logits are
-            # dropped right after the loss, so K readouts never hold K sets of (B, T, V) logits at once.
+            # Every loop is decoded for the statistics; only supervised loops get a gradient (the others are
+            # decoded under no_grad, so they keep no activations for the backward pass).
             supervised = self.config.supervision == 'per_loop' or k == K
             with torch.set_grad_enabled(torch.is_grad_enabled() and supervised):
                 logits = self.lm_head(self.readout(h, k))             # (B, T, V)

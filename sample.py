@@ -1,8 +1,8 @@
 """
 Generate text from a trained looped model, at its trained loop count or any other.
 
-    python sample.py --out_dir=out/laptop-per_loop-rmsnorm-residual-pen0
-    python sample.py --out_dir=out/laptop-per_loop-rmsnorm-residual-pen0 --n_loop=8   # twice the trained depth
+    python sample.py                                   # out/laptop, the run of the README's main command
+    python sample.py --out_dir=out/laptop --n_loop=8   # twice the trained depth
     python sample.py --out_dir=... --start="ROMEO:" --num_samples=3 --max_new_tokens=300
     python sample.py --out_dir=... --start=FILE:prompt.txt
 """
@@ -36,7 +36,7 @@ def get_codec(meta):
 def get_parser():
     p = argparse.ArgumentParser(description='Sample from a looped model checkpoint.')
     p.error = lambda msg: sys.exit(f"sample.py: error: {msg}")
-    p.add_argument('--out_dir', required=True, help='the run folder that holds ckpt.pt')
+    p.add_argument('--out_dir', default='out/laptop', help='the run folder that holds ckpt.pt (default: the demo run)')
     p.add_argument('--start', default='\n', help='prompt text, or FILE:path to read it from a file')
     p.add_argument('--num_samples', type=int, default=2)
     p.add_argument('--max_new_tokens', type=int, default=300)

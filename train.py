@@ -1,7 +1,7 @@
 """
 Train a looped transformer LM and log the per-loop hidden-state norms that the paper is about.
 
-The laptop demo (2-core CPU, a few minutes each); every run writes out/<config>-<variant>/ by default:
+The laptop demo (2-core CPU, about 3 minutes each); each run writes its own folder (out/laptop, out/laptop-raw...):
     python train.py --readout=rmsnorm --norm_penalty=0      # the blind spot: ||h_K|| climbs
     python train.py --readout=raw                           # scale visible to the loss: ||h_K|| stays small
     python train.py --norm_penalty=0.01                     # explicit penalty
@@ -62,33 +62,34 @@ def get_parser():
     p.error = lambda msg: sys.exit(f"train.py: error: {msg}")
     p.add_argument('--config', default='laptop', choices=CONFIGS, help='named configuration; flags override it')
     # the model (LoopedConfig in looped.py says what each one means)
-    p.add_argument('--readout', default='rmsnorm', choices=READOUTS)
-    p.add_argument('--recurrence', default='residual', choices=RECURRENCES)
-    p.add_argument('--supervision', default='per_loop', choices=SUPERVISIONS)
+    p.add_argument('--readout', default='rmsnorm', choices=READOUTS, help='what the LM head sees of h_k')
+    p.add_argument('--recurrence', default='residual', choices=RECURRENCES, help='normed: RMSNorm between loops')
+    p.add_argument('--supervision', default='per_loop', choices=SUPERVISIONS, help='which loops get a loss')
     p.add_argument('--norm_penalty', type=float, default=0.0, help='lambda of lambda * mean_k mean(h_k^2)')
-    p.add_argument('--init', default='paper', choices=INITS)
-    p.add_argument('--mlp', default='swiglu', choices=MLPS)
+    p.add_argument('--init', default='paper', choices=INITS, help="paper: PyTorch defaults, tied N(0,1) embedding; gpt2: N(0,0.02)")
+    p.add_argument('--mlp', default='swiglu', choices=MLPS, help='MLP of every layer')
     p.add_argument('--tie_weights', type=str2bool, default=None, help='default: tied for init=paper only')
     p.add_argument('--n_loop', type=int, help='K, loops of the shared stack')
     p.add_argument('--n_layer', type=int, help='layers in the shared stack')
-    p.add_argument('--n_embd', type=int)
-    p.add_argument('--n_head', type=int)
+    p.add_argument('--n_embd', type=int, help='width d')
+    p.add_argument('--n_head', type=int, help='attention heads')
     p.add_argument('--block_size', type=int, help='context length')
-    p.add_argument('--dropout', type=float)
+    p.add_argument('--dropout', type=float, help='dropout rate (the paper: 0.1)')
     # optimization: AdamW, constant learning rate, as in the paper
-    p.add_argument('--batch_size', type=int)
-    p.add_argument('--max_iters', type=int)
-    p.add_argument('--learning_rate', type=float)
-    p.add_argument('--weight_decay', type=float, default=0.01)
+    p.add_argument('--batch_size', type=int, help='sequences per step')
+    p.add_argument('--max_iters', type=int, help='training steps in all (a resumed run continues to this step)')
+    p.add_argument('--learning_rate', type=float, help='constant; the paper uses 3e-4')
+    p.add_argument('--weight_decay', type=float, default=0.01, help='AdamW decoupled weight decay')
     p.add_argument('--grad_clip', type=float, default=1.0, help='0 disables clipping')
     # evaluation, logging, checkpoints
-    p.add_argument('--eval_interval', type=int)
+    p.add_argument('--eval_interval', type=int, help='steps between evaluations (each also saves ckpt.pt)')
     p.add_argument('--eval_iters', type=int, help='validation batches per evaluation')
-    p.add_argument('--log_interval', type=int)
+    p.add_argument('--log_interval', type=int, help='steps between progress lines')
     p.add_argument('--dataset', default='shakespeare_char',
                    help=f"one of {', '.join(DATASETS)} (folders under data/), or a path to a folder with "
                         "train.bin, val.bin and meta.pkl")
-    p.add_argument('--out_dir', default=None, help='default: out/<config>-<supervision>-<readout>-<recurrence>-pen<lambda>')
+    p.add_argument('--out_dir', default=None, help='default: out/<config>, plus every variant flag that is not at its '
+                                                   'default: out/laptop-raw, out/laptop-terminal-pen0.01, ...')
     p.add_argument('--resume', type=str2bool, nargs='?', const=True, default=False,
                    help="continue the run in out_dir from its ckpt.pt")
     p.add_argument('--overwrite', type=str2bool, nargs='?', const=True, default=False,
@@ -97,24 +98,28 @@ def get_parser():
     p.add_argument('--device', default='auto', help='auto, cpu, cuda, cuda:N or mps')
     p.add_argument('--dtype', default='auto', choices=['auto', 'float32', 'bfloat16'], help='auto: bf16 on CUDA')
     p.add_argument('--compile', type=auto_or_bool, default='auto', help='auto: on for CUDA')
-    p.add_argument('--seed', type=int, default=1337)
+    p.add_argument('--seed', type=int, default=1337, help='initialization, dropout and batch order')
     return p
 
 
 def parse_args(argv=None):
     """Two passes: the first finds --config, whose values then become the defaults of the second."""
+    first = argparse.ArgumentParser(add_help=False)
+    first.add_argument('--config', default='laptop')
+    known, _ = first.parse_known_args(argv)
     parser = get_parser()
-    known, _ = parser.parse_known_args(argv)
-    parser.set_defaults(**CONFIGS[known.config])
+    parser.set_defaults(**CONFIGS.get(known.config, {}))  # an unknown name is reported by the full parser
     args = parser.parse_args(argv)
     for name in ('batch_size', 'max_iters', 'eval_interval', 'eval_iters', 'log_interval'):
         if getattr(args, name) < 1:
             parser.error(f"--{name}={getattr(args, name)} must be at least 1")
     if not args.learning_rate > 0:
         parser.error(f"--learning_rate={args.learning_rate} must be positive")
-    if args.out_dir is None:
-        args.out_dir = os.path.join('out', f"{args.config}-{args.supervision}-{args.readout}-{args.recurrence}"
-                                           f"-pen{args.norm_penalty:g}")
+    if args.out_dir is None:  # named by the variant flags that differ from their defaults: out/laptop-raw-pen0.01
+        parts = [args.config] + [getattr(args, f) for f in ('supervision', 'readout', 'recurrence', 'init', 'mlp')
+                                 if getattr(args, f) != parser.get_default(f)]
+        parts += [f"pen{args.norm_penalty:g}"] if args.norm_penalty else []
+        args.out_dir = os.path.join('out', '-'.join(parts))
     return args
 
 

@@ -8,7 +8,6 @@ tiktoken fetches its BPE files once; offline, point TIKTOKEN_CACHE_DIR at a fold
 (../shared/tiktoken_cache does). Expected for the classic file: 301,966 train / 36,059 val tokens.
 """
 
-import argparse
 import os
 import pickle
 import sys
@@ -18,14 +17,11 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 # the text and its download live with the character-level dataset; reuse that script's loader
 sys.path.insert(0, os.path.join(HERE, '..', 'shakespeare_char'))
-from prepare import get_text, write_split, PrepareError  # noqa: E402
+from prepare import get_text, parse_args, write_split, PrepareError  # noqa: E402
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--input', default=None, help='local copy of the text (default: download it)')
-    parser.add_argument('--out_dir', default=HERE, help='where train.bin, val.bin and meta.pkl go')
-    args = parser.parse_args(argv)
+    args = parse_args(__doc__, HERE, argv)
     try:
         text = get_text(args.input)
     except PrepareError as e:

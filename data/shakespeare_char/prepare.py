@@ -75,11 +75,16 @@ def prepare(text, out_dir):
     return len(chars), n, len(text) - n
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(doc, default_out_dir, argv):
+    """The flags both Shakespeare prepare scripts take."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--input', default=None, help='local copy of the text (default: download it)')
-    parser.add_argument('--out_dir', default=HERE, help='where train.bin, val.bin and meta.pkl go')
-    args = parser.parse_args(argv)
+    parser.add_argument('--out_dir', default=default_out_dir, help='where train.bin, val.bin and meta.pkl go')
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(__doc__, HERE, argv)
     try:
         text = get_text(args.input)
         vocab, n_train, n_val = prepare(text, args.out_dir)
