@@ -124,7 +124,7 @@ def parse_args(argv=None):
 
 
 def setup_device(args):
-    """The one place where device, dtype and compile are decided. Prints the choice."""
+    """The one place where device, dtype and compile are decided; returns them and a line that says so."""
     if args.device == 'auto':
         device = 'cuda' if torch.cuda.is_available() else 'mps' if torch.backends.mps.is_available() else 'cpu'
     else:
@@ -142,8 +142,7 @@ def setup_device(args):
     # bf16 autocast: weights and the residual stream stay fp32, matmuls run in bf16
     ctx = torch.autocast(device_type, dtype=torch.bfloat16) if dtype == 'bfloat16' else nullcontext()
     why = '' if args.compile != 'auto' else ' (auto: on for CUDA only; on CPU it costs ~30 s and gains nothing here)'
-    print(f"device: {device} | dtype: {dtype} | compile: {compile_}{why}")
-    return device, device_type, ctx, compile_
+    return device, device_type, ctx, compile_, f"device: {device} | dtype: {dtype} | compile: {compile_}{why}"
 
 
 class Data:
@@ -231,7 +230,7 @@ def save_checkpoint(path, raw_model, optimizer, config, args, step, best_val_los
 def load_checkpoint(path, device):
     """The checkpoint dict; ValueError with a one-line message when it is missing or unreadable."""
     if not os.path.exists(path):
-        raise ValueError(f"no checkpoint at {path} to resume from")
+        raise ValueError(f"no checkpoint at {path}")
     try:
         ckpt = torch.load(path, map_location=device, weights_only=False)
         missing = {'model', 'config', 'step'} - set(ckpt)
@@ -250,7 +249,7 @@ def fmt_time(s):
 def main(argv=None):
     args = parse_args(argv)
     ckpt_path, log_path = os.path.join(args.out_dir, 'ckpt.pt'), os.path.join(args.out_dir, 'log.jsonl')
-    device, device_type, ctx, compile_ = setup_device(args)
+    device, device_type, ctx, compile_, device_line = setup_device(args)
 
     # Validate everything before touching out_dir, so that bad input never harms an earlier run.
     try:
@@ -275,6 +274,7 @@ def main(argv=None):
         sys.exit(f"train.py: error: {args.out_dir} already holds a run; pass --resume to continue it, "
                  "--overwrite to replace it, or another --out_dir")
 
+    print(device_line)  # after validation, so that an error is the only line a bad command prints
     torch.manual_seed(args.seed)
     model = LoopedGPT(config).to(device)
     optimizer = model.configure_optimizers(args.weight_decay, args.learning_rate, device_type)
