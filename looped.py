@@ -217,6 +217,11 @@ class LoopedGPT(nn.Module):
         head counts once), because parameters() yields each tensor once."""
         return sum(p.numel() for p in self.parameters())
 
+    def embed(self, idx):
+        """h_0: token plus learned position embedding, (B, T) -> (B, T, C)."""
+        pos = torch.arange(idx.size(1), device=idx.device)
+        return self.drop(self.wte(idx) + self.wpe(pos))
+
     def loop_step(self, h, k):
         """h_{k-1} -> h_k: one pass through the shared stack. With 'normed' recurrence, loops after the first
         start from RMSNorm(h_{k-1}), so whatever scale h_{k-1} had is not carried into h_k."""
@@ -238,8 +243,7 @@ class LoopedGPT(nn.Module):
         K = n_loop or self.config.n_loop
         if T > self.config.block_size:
             raise ValueError(f"sequence of length {T} is longer than block_size={self.config.block_size}")
-        pos = torch.arange(T, device=idx.device)
-        h = self.drop(self.wte(idx) + self.wpe(pos))                  # (B, T, C)
+        h = self.embed(idx)                                           # (B, T, C)
 
         norms, ces, losses, penalty = [], [], [], 0.0
         for k in range(1, K + 1):
@@ -292,16 +296,41 @@ class LoopedGPT(nn.Module):
         return torch.optim.AdamW(groups, lr=learning_rate, fused=(device_type == 'cuda'))
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, n_loop=None):
-        """Append max_new_tokens sampled tokens to idx (B, T), running n_loop loops per token."""
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, n_loop=None, exit=None, exit_threshold=None):
+        """Append max_new_tokens sampled tokens to idx (B, T). Each token runs up to n_loop loops; with an exit
+        rule ('confidence' or 'kl', see exit_passes) it stops at the first loop whose last-position readout passes
+        the threshold (for the whole batch at once). Returns (idx, loops used per generated token)."""
+        K = n_loop or self.config.n_loop
+        loops_used = []
         for _ in range(max_new_tokens):
             idx_cond = idx[:, -self.config.block_size:]               # crop to the context the model knows
-            logits, _, _ = self(idx_cond, n_loop=n_loop)
-            logits = logits[:, -1, :] / max(temperature, 1e-8)        # (B, V)
+            h, logp_prev = self.embed(idx_cond), None
+            for k in range(1, K + 1):
+                h = self.loop_step(h, k)                              # (B, T, C)
+                logits = self.lm_head(self.readout(h[:, -1, :], k))    # (B, V): only the next token is needed
+                logp = F.log_softmax(logits.float(), dim=-1)
+                if exit is not None and exit_passes(exit, exit_threshold, logp, logp_prev).all():
+                    break
+                logp_prev = logp
+            loops_used.append(k)
+            logits = logits / max(temperature, 1e-8)
             if top_k is not None:
                 v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
                 logits[logits < v[:, [-1]]] = float('-inf')
-            probs = F.softmax(logits, dim=-1)
-            idx_next = torch.multinomial(probs, num_samples=1)         # (B, 1)
+            idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)  # (B, 1)
             idx = torch.cat((idx, idx_next), dim=1)
-        return idx
+        return idx, loops_used
+
+
+EXITS = ('confidence', 'kl')
+
+
+def exit_passes(kind, threshold, logp, logp_prev):
+    """Early-exit rule on one loop's log-probabilities (..., V): 'confidence' passes when the top probability
+    reaches the threshold; 'kl' when KL(p_k || p_{k-1}) falls to the threshold or below (so never at loop 1:
+    there is nothing to compare with). Returns a bool tensor of shape (...)."""
+    if kind == 'confidence':
+        return logp.max(dim=-1).values.exp() >= threshold
+    if logp_prev is None:
+        return torch.zeros(logp.shape[:-1], dtype=torch.bool, device=logp.device)
+    return (logp.exp() * (logp - logp_prev)).sum(dim=-1) <= threshold

@@ -5,6 +5,7 @@ Generate text from a trained looped model, at its trained loop count or any othe
     python sample.py --out_dir=out/laptop --n_loop=8   # twice the trained depth
     python sample.py --out_dir=... --start="ROMEO:" --num_samples=3 --max_new_tokens=300
     python sample.py --out_dir=... --start=FILE:prompt.txt
+    python sample.py --out_dir=out/laptop --exit=kl --exit_threshold=0.01        # stop looping early per token
 """
 
 import argparse
@@ -13,7 +14,7 @@ import sys
 
 import torch
 
-from looped import LoopedConfig, LoopedGPT
+from looped import EXITS, LoopedConfig, LoopedGPT
 from train import load_checkpoint
 
 
@@ -44,6 +45,11 @@ def get_parser():
     p.add_argument('--top_k', type=int, default=200, help='sample among the k most likely tokens only')
     p.add_argument('--seed', type=int, default=1337)
     p.add_argument('--n_loop', type=int, default=None, help='loops per token (default: the trained K)')
+    p.add_argument('--exit', default='none', choices=('none',) + EXITS,
+                   help='early exit per token: confidence (top probability >= threshold) or kl (KL between '
+                        'successive loops <= threshold)')
+    p.add_argument('--exit_threshold', type=float, default=None,
+                   help='threshold of --exit (e.g. 0.9 for confidence, 0.01 for kl; diagnose.py calibrates one)')
     p.add_argument('--device', default='auto', help='auto, cpu, cuda or mps')
     return p
 
@@ -53,6 +59,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.n_loop is not None and args.n_loop < 1:
         p.error(f"--n_loop={args.n_loop} must be at least 1")
+    if args.exit != 'none' and args.exit_threshold is None:
+        p.error(f"--exit={args.exit} needs --exit_threshold")
     if args.temperature <= 0 or args.top_k < 1 or args.num_samples < 1 or args.max_new_tokens < 0:
         p.error("need --temperature > 0, --top_k >= 1, --num_samples >= 1 and --max_new_tokens >= 0")
 
@@ -81,10 +89,17 @@ def main(argv=None):
     print(f"{args.out_dir} at step {ckpt['step']}: {config.readout} readout, {config.recurrence} recurrence, "
           f"trained with K={config.n_loop}, sampling with {n_loop} loops per token")
     x = torch.tensor(ids, dtype=torch.long, device=device)[None, :]  # (1, T)
+    exit_rule = None if args.exit == 'none' else args.exit
+    loops = []
     for _ in range(args.num_samples):
-        y = model.generate(x, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, n_loop=n_loop)
+        y, used = model.generate(x, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                                 n_loop=n_loop, exit=exit_rule, exit_threshold=args.exit_threshold)
+        loops += used
         print(decode(y[0].tolist()))
         print('---------------')
+    if loops:
+        print(f"mean loops per token: {sum(loops) / len(loops):.2f} of {n_loop}"
+              + (f" (exit={args.exit}, threshold {args.exit_threshold:g})" if exit_rule else ''))
 
 
 if __name__ == '__main__':

@@ -308,7 +308,7 @@ def main(argv=None):
     os.makedirs(args.out_dir, exist_ok=True)
     if not args.resume:  # a fresh run starts a fresh log, headed by everything needed to reproduce it
         with open(log_path, 'w') as f:
-            f.write(json.dumps({'config': {**vars(args), 'model': config.to_dict()}}) + '\n')
+            f.write(json.dumps({'config': {**vars(args), 'model': config.to_dict(), 'num_params': model.num_params()}}) + '\n')
 
     # Ctrl-C: finish the current step, save, exit. A second Ctrl-C interrupts at once.
     stop = []

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from looped import LoopedConfig, LoopedGPT, Readout
+from looped import LoopedConfig, LoopedGPT, Readout, exit_passes
 
 torch.set_default_dtype(torch.float32)
 
@@ -121,8 +121,21 @@ def test_more_loops_than_trained():
     _, _, s8 = model(x, y, n_loop=8)
     assert s8['ce'].shape == (8,) and s8['hidden_norm'].shape == (8,)
     assert torch.allclose(s8['ce'][:3], s3['ce'])  # the first loops do not depend on how many follow
-    out = model.generate(x[:, :4], max_new_tokens=5, n_loop=8)
-    assert out.shape == (2, 9)
+    out, loops = model.generate(x[:, :4], max_new_tokens=5, n_loop=8)
+    assert out.shape == (2, 9) and loops == [8] * 5
+
+
+def test_early_exit_rules():
+    logp = torch.log_softmax(torch.tensor([[4.0, 0.0, 0.0], [0.0, 0.0, 0.0]]), dim=-1)  # confident, uniform
+    assert exit_passes('confidence', 0.9, logp, None).tolist() == [True, False]
+    assert exit_passes('kl', 1.0, logp, None).tolist() == [False, False]             # loop 1: nothing to compare
+    assert exit_passes('kl', 1e-6, logp, logp).tolist() == [True, True]               # KL(p || p) = 0
+    assert exit_passes('kl', 1e-3, logp, logp.flip(0)).tolist() == [False, False]
+    model = tiny().eval()
+    x, _ = batch()
+    _, always = model.generate(x[:, :4], max_new_tokens=3, exit='confidence', exit_threshold=0.0)
+    _, never = model.generate(x[:, :4], max_new_tokens=3, exit='confidence', exit_threshold=1.1)
+    assert always == [1, 1, 1] and never == [3, 3, 3]
 
 
 def test_sdpa_matches_manual_attention():

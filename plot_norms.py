@@ -1,0 +1,273 @@
+"""
+The paper's figures and table from training logs (out/*/log.jsonl), optionally training the grid first.
+
+Draw from runs that exist (folders or quoted globs):
+    python plot_norms.py out/laptop out/laptop-raw out/laptop-pen0.01 out/laptop-normed
+    python plot_norms.py 'out/grid/laptop/*' --fig_dir=figures/laptop
+Train the paper's conditions (finished runs are reused, interrupted ones resumed), then draw:
+    python plot_norms.py --run                                # laptop configuration, 1 seed
+    python plot_norms.py --run --config=gpu_char --seeds=3    # on a GPU
+
+Writes to --fig_dir: fig1_norm_explosion.png (final-loop ||h_K|| against step, log scale),
+fig2_norm_by_loop.png (||h_k|| against loop k at the end), fig3_loss_by_depth.png (validation loss
+against exit depth 1..K and 2K), and table.md / table.csv.
+"""
+
+import argparse
+import csv
+import glob
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# The paper's main grid plus the two variants its abstract names; each is one train.py run per seed.
+CONDITIONS = {
+    'terminal + rmsnorm': ['--supervision=terminal', '--readout=rmsnorm'],
+    'terminal + raw': ['--supervision=terminal', '--readout=raw'],
+    'per_loop + rmsnorm': ['--supervision=per_loop', '--readout=rmsnorm'],
+    'per_loop + raw': ['--supervision=per_loop', '--readout=raw'],
+    'per_loop + final_norm': ['--supervision=per_loop', '--readout=final_norm'],
+    'terminal + rmsnorm + penalty': ['--supervision=terminal', '--readout=rmsnorm', '--norm_penalty=0.01'],
+    'per_loop + rmsnorm + penalty': ['--supervision=per_loop', '--readout=rmsnorm', '--norm_penalty=0.01'],
+    'per_loop + layernorm': ['--supervision=per_loop', '--readout=layernorm'],
+    'per_loop + rmsnorm + normed': ['--supervision=per_loop', '--readout=rmsnorm', '--recurrence=normed'],
+}
+# Grid runs are shorter than a single demo run so that all nine fit in 20 minutes on a 2-core CPU.
+GRID_FLAGS = {'laptop': ['--max_iters=200', '--eval_interval=40', '--eval_iters=4'], 'gpu_char': []}
+# Okabe-Ito colours (colour-blind safe; its yellow swapped for a darker wine, which reads on white) with
+# line styles and markers, so the figures also read in grey.
+STYLES = [('#000000', '-', 'o'), ('#E69F00', '--', 's'), ('#56B4E9', '-.', '^'), ('#009E73', ':', 'D'),
+          ('#882255', '-', 'v'), ('#0072B2', '--', 'P'), ('#D55E00', '-.', 'X'), ('#CC79A7', ':', '*'),
+          ('#999999', '-', 'h')]
+
+
+class LogError(Exception):
+    """A run folder that cannot be read; the message names the folder."""
+
+
+def condition_name(cfg):
+    """The CONDITIONS key of a run, from the model config in its log."""
+    name = f"{cfg['supervision']} + {cfg['readout']}"
+    if cfg['norm_penalty'] > 0:
+        name += ' + penalty' if cfg['norm_penalty'] == 0.01 else f" + penalty {cfg['norm_penalty']:g}"
+    if cfg['recurrence'] == 'normed':
+        name += ' + normed'
+    if cfg['init'] != 'paper':
+        name += f" ({cfg['init']} init)"
+    return name
+
+
+def load_run(folder):
+    """{'name', 'config', 'records'} from folder/log.jsonl; LogError with a one-line reason otherwise."""
+    path = os.path.join(folder, 'log.jsonl')
+    if not os.path.isfile(path):
+        raise LogError(f"{folder}: no log.jsonl (not a train.py run folder?)")
+    try:
+        with open(path) as f:
+            lines = [json.loads(line) for line in f if line.strip()]
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise LogError(f"{folder}: log.jsonl is not valid JSON lines ({e})") from None
+    if not lines:
+        raise LogError(f"{folder}: log.jsonl is empty")
+    head, records = lines[0], lines[1:]
+    need = {'step', 'train_loss', 'val_loss', 'hidden_norm', 'hidden_norm_2k', 'elapsed_s'}
+    if 'model' not in head.get('config', {}) or not all(need <= set(r) for r in records):
+        raise LogError(f"{folder}: log.jsonl is in an older or unknown format; rerun it with this train.py")
+    if not records:
+        raise LogError(f"{folder}: log.jsonl has no evaluation yet")
+    cfg = head['config']['model']
+    return {'folder': folder, 'name': condition_name(cfg), 'config': head['config'], 'records': records}
+
+
+def group_runs(runs):
+    """Runs that differ only in their seed together, in CONDITIONS order, then any others."""
+    same = lambda run: json.dumps({k: v for k, v in run['config'].items()
+                                   if k not in ('seed', 'out_dir', 'resume', 'overwrite', 'max_iters')}, sort_keys=True)
+    by_setting = {}
+    for run in runs:
+        by_setting.setdefault(same(run), []).append(run)
+    groups = {}
+    for members in by_setting.values():
+        name = members[0]['name']
+        if name in groups:  # same condition, other settings (width, learning rate...): tell them apart
+            name += f" [{os.path.basename(os.path.normpath(members[0]['folder']))}]"
+        groups[name] = members
+    order = list(CONDITIONS) + sorted(set(groups) - set(CONDITIONS))
+    return {name: groups[name] for name in order if name in groups}
+
+
+def series(runs, key, index):
+    """steps and a (seeds, evals) array of r[key][index], over the evaluations all seeds have."""
+    n = min(len(run['records']) for run in runs)
+    steps = [r['step'] for r in runs[0]['records'][:n]]
+    return steps, np.array([[r[key][index] for r in run['records'][:n]] for run in runs])
+
+
+def mean_std(values):
+    values = np.asarray(values, dtype=float)
+    return values.mean(axis=0), values.std(axis=0)
+
+
+def describe(runs):
+    """'0.55M-parameter looped LM (2 layers x K=4, d=128) on shakespeare_char' for figure titles."""
+    c = runs[0]['config']
+    m = c['model']
+    n = c.get('num_params')
+    size = f"{n / 1e6:.2f}M-parameter " if n else ''
+    return f"{size}looped LM ({m['n_layer']} layers x K={m['n_loop']}, d={m['n_embd']}) on {os.path.basename(c['dataset'])}"
+
+
+def plot(groups, fig_dir):
+    import matplotlib
+    matplotlib.use('Agg')  # files only; no display needed
+    import matplotlib.pyplot as plt
+
+    os.makedirs(fig_dir, exist_ok=True)
+    title = describe(next(iter(groups.values())))
+    K = next(iter(groups.values()))[0]['config']['model']['n_loop']
+    paths = []
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for (name, runs), (color, ls, marker) in zip(groups.items(), STYLES * 2):
+        steps, h = series(runs, 'hidden_norm', K - 1)
+        mean, std = mean_std(h)
+        ax.plot(steps, mean, color=color, ls=ls, marker=marker, ms=4, label=f"{name} ({len(runs)} seed{'s' * (len(runs) > 1)})")
+        if len(runs) > 1:
+            ax.fill_between(steps, np.maximum(mean - std, 1e-3), mean + std, color=color, alpha=0.15)
+    ax.set(yscale='log', xlabel='training step', ylabel=r'final-loop norm $\|h_K\|$ (mean over tokens)',
+           title=f"Norm explosion\n{title}")
+    ax.grid(True, which='both', alpha=0.3)
+    ax.legend(fontsize=8)
+    paths.append(os.path.join(fig_dir, 'fig1_norm_explosion.png'))
+    fig.tight_layout(), fig.savefig(paths[-1], dpi=130), plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for (name, runs), (color, ls, marker) in zip(groups.items(), STYLES * 2):
+        mean, std = mean_std([run['records'][-1]['hidden_norm_2k'] for run in runs])
+        loops = np.arange(1, len(mean) + 1)
+        ax.errorbar(loops, mean, yerr=std if len(runs) > 1 else None, color=color, ls=ls, marker=marker, ms=5, label=name)
+    ax.axvline(K, color='grey', lw=0.8)
+    ax.text(K, ax.get_ylim()[0], ' trained K', color='grey', va='bottom', fontsize=8)
+    ax.set(yscale='log', xlabel='loop k (beyond K: extrapolation)', ylabel=r'$\|h_k\|$ at the end of training',
+           title=f"Norm by loop at the end of training\n{title}")
+    ax.grid(True, which='both', alpha=0.3)
+    ax.legend(fontsize=8)
+    paths.append(os.path.join(fig_dir, 'fig2_norm_by_loop.png'))
+    fig.tight_layout(), fig.savefig(paths[-1], dpi=130), plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 5))
+    depths = list(range(1, K + 1)) + [2 * K]
+    for (name, runs), (color, ls, marker) in zip(groups.items(), STYLES * 2):
+        mean, std = mean_std([run['records'][-1]['val_loss'] for run in runs])
+        ax.errorbar(depths, mean, yerr=std if len(runs) > 1 else None, color=color, ls=ls, marker=marker, ms=5, label=name)
+    ax.set(xlabel='exit depth (loops run before reading out)', ylabel='validation loss (nats per token)',
+           xticks=depths, title=f"Validation loss by exit depth\n{title}")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    paths.append(os.path.join(fig_dir, 'fig3_loss_by_depth.png'))
+    fig.tight_layout(), fig.savefig(paths[-1], dpi=130), plt.close(fig)
+    return paths
+
+
+def table(groups, fig_dir):
+    """Per condition: final-depth perplexity and ||h_K|| (mean +- std over seeds), perplexity at every depth."""
+    K = next(iter(groups.values()))[0]['config']['model']['n_loop']
+    depth_names = [f"ppl@{k}" for k in range(1, K + 1)] + [f"ppl@{2 * K}"]
+    header = ['condition', 'seeds', 'step', 'val ppl (depth K)', '‖h_K‖'] + depth_names
+    rows = []
+    for name, runs in groups.items():
+        last = [run['records'][-1] for run in runs]
+        ppl = np.exp(np.array([r['val_loss'] for r in last]))           # (seeds, K + 1)
+        h = np.array([r['hidden_norm'][K - 1] for r in last])
+        pm = lambda v, f: f"{v.mean():{f}}" + (f" +- {v.std():{f}}" if len(v) > 1 else '')
+        rows.append([name, str(len(runs)), str(min(r['step'] for r in last)), pm(ppl[:, K - 1], '.3f'), pm(h, '.1f')]
+                    + [f"{ppl[:, i].mean():.3f}" for i in range(K + 1)])
+    with open(os.path.join(fig_dir, 'table.csv'), 'w', newline='') as f:
+        csv.writer(f).writerows([header] + rows)
+    md = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)] + ['| ' + ' | '.join(r) + ' |' for r in rows]
+    with open(os.path.join(fig_dir, 'table.md'), 'w') as f:
+        f.write('\n'.join(md) + '\n')
+    return '\n'.join(md)
+
+
+def run_grid(config, seeds, out_root, extra):
+    """Train every condition for every seed, one after another; reuse finished runs, resume interrupted ones."""
+    folders, t0 = [], time.time()
+    jobs = [(name, flags, seed) for seed in seeds for name, flags in CONDITIONS.items()]
+    for i, (name, flags, seed) in enumerate(jobs):
+        folder = os.path.join(out_root, config, name.replace(' + ', '-') + f"-seed{seed}")
+        folders.append(folder)
+        cmd = [sys.executable, os.path.join(HERE, 'train.py'), f'--config={config}', *GRID_FLAGS.get(config, []),
+               *flags, f'--seed={seed}', f'--out_dir={folder}', *extra]
+        state = 'new'
+        if os.path.exists(os.path.join(folder, 'ckpt.pt')):
+            try:
+                run = load_run(folder)
+                done = run['records'][-1]['step'] >= run['config']['max_iters']
+            except LogError:
+                done = False
+            if done:
+                print(f"[{i + 1}/{len(jobs)}] {folder}: finished earlier, reused")
+                continue
+            cmd.append('--resume')
+            state = 'resumed'
+        elif os.path.exists(os.path.join(folder, 'log.jsonl')):
+            cmd.append('--overwrite')  # a log with no checkpoint: the run died before its first save
+        eta = '' if i == 0 else f", ETA {(time.time() - t0) / i * (len(jobs) - i) / 60:.0f} min"
+        print(f"[{i + 1}/{len(jobs)}] {folder}: training ({state}{eta})", flush=True)
+        result = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        with open(os.path.join(folder, 'train.out'), 'a') if os.path.isdir(folder) else open(os.devnull, 'w') as f:
+            f.write(result.stdout)
+        if result.returncode != 0:
+            last = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else 'no output'
+            sys.exit(f"plot_norms.py: error: the run for {name} (seed {seed}) failed: {last}")
+    print(f"grid done in {(time.time() - t0) / 60:.1f} min")
+    return folders
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.error = lambda msg: sys.exit(f"plot_norms.py: error: {msg}")
+    p.add_argument('runs', nargs='*', help='run folders or quoted globs (default with --run: the grid folders)')
+    p.add_argument('--run', action='store_true', help='train the grid of conditions first (reusing finished runs)')
+    p.add_argument('--config', default='laptop', choices=list(GRID_FLAGS), help='train.py configuration for --run')
+    p.add_argument('--seeds', type=int, default=1, help='seeds per condition for --run (seeds 1..N)')
+    p.add_argument('--out_root', default='out/grid', help='where --run puts its run folders')
+    p.add_argument('--fig_dir', default=None, help='where figures and tables go (default: figures/<config> with '
+                                                   '--run, else figures)')
+    p.add_argument('--train_args', default='', help="extra train.py flags for --run, e.g. '--max_iters=100'")
+    args = p.parse_args(argv)
+    if args.seeds < 1:
+        p.error(f"--seeds={args.seeds} must be at least 1")
+    if not args.run and not args.runs:
+        p.error("name run folders to plot, or pass --run to train the grid")
+
+    folders = []
+    if args.run:
+        folders = run_grid(args.config, range(1, args.seeds + 1), args.out_root, args.train_args.split())
+    for pattern in args.runs:
+        matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
+        if not matches:
+            p.error(f"{pattern}: matches no folder")
+        folders += [m for m in matches if m not in folders]
+    try:
+        runs = [load_run(folder) for folder in folders]
+    except LogError as e:
+        sys.exit(f"plot_norms.py: error: {e}")
+    groups = group_runs(runs)
+    fig_dir = args.fig_dir or (os.path.join('figures', args.config) if args.run else 'figures')
+    for path in plot(groups, fig_dir):
+        print(f"wrote {path}")
+    print(table(groups, fig_dir))
+    print(f"wrote {os.path.join(fig_dir, 'table.md')} and table.csv")
+
+
+if __name__ == '__main__':
+    main()
