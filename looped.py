@@ -12,7 +12,7 @@ carrying and growing it. The variants below are the knobs that expose or remove 
                  raw                   no norm: the head sees the scale, so the loss controls it
                  final_norm            raw at loops 1..K-1, RMSNorm at loop K
     recurrence   residual              h_k = Stack(h_{k-1}): the scale is carried from loop to loop
-                 normed                h_k = Stack(RMSNorm(h_{k-1})): every loop starts normalized
+                 normed                h_k = RMSNorm(Stack(h_{k-1})): the carried state has no free scale
     supervision  per_loop | terminal   mean of the K cross-entropies, or the last one only
     norm_penalty lambda                adds lambda * mean_k mean(h_k^2)
 
@@ -187,7 +187,7 @@ class LoopedGPT(nn.Module):
         self.wpe = nn.Embedding(config.block_size, config.n_embd)
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList([Block(config) for _ in range(config.n_layer)])  # the ONE shared stack
-        # inter-loop normalization: applied to h_{k-1} before loops 2..K, so the scale is not carried over
+        # inter-loop normalization: closes every pass, so each loop starts from (and passes on) a normalized state
         self.inter_norm = RMSNorm(config.n_embd, config.norm_eps) if config.recurrence == 'normed' else None
         self.readout = Readout(config)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
@@ -223,12 +223,13 @@ class LoopedGPT(nn.Module):
         return self.drop(self.wte(idx) + self.wpe(pos))
 
     def loop_step(self, h, k):
-        """h_{k-1} -> h_k: one pass through the shared stack. With 'normed' recurrence, loops after the first
-        start from RMSNorm(h_{k-1}), so whatever scale h_{k-1} had is not carried into h_k."""
-        if k > 1 and self.inter_norm is not None:
-            h = self.inter_norm(h)
+        """h_{k-1} -> h_k: one pass through the shared stack (k is unused here; it keeps the signature of a
+        loop-dependent step). With 'normed' recurrence the pass ends in an RMSNorm: the state handed to the next
+        loop, and read out, has norm ~ sqrt(d) * gain whatever scale the pass produced."""
         for block in self.blocks:
             h = block(h)
+        if self.inter_norm is not None:
+            h = self.inter_norm(h)
         return h
 
     def forward(self, idx, targets=None, n_loop=None):
@@ -236,7 +237,8 @@ class LoopedGPT(nn.Module):
         Returns (logits, loss, stats):
           logits  (B, T, V) at the last loop when targets are given, else (B, 1, V) for the last position
           loss    the training objective (None without targets)
-          stats   {'hidden_norm': (n_loop,) mean over tokens of ||h_k||_2, before any normalization,
+          stats   {'hidden_norm': (n_loop,) mean over tokens of ||h_k||_2, before the readout's normalization
+                                  (for 'normed' recurrence h_k is the normalized state passed to the next loop),
                    'ce': (n_loop,) cross-entropy of the readout at every loop, or None without targets}
         """
         B, T = idx.shape

@@ -10,7 +10,8 @@ Train the paper's conditions (finished runs are reused, interrupted ones resumed
 
 Writes to --fig_dir: fig1_norm_explosion.png (final-loop ||h_K|| against step, log scale),
 fig2_norm_by_loop.png (||h_k|| against loop k at the end), fig3_loss_by_depth.png (validation loss
-against exit depth 1..K and 2K), and table.md / table.csv.
+against exit depth 1..K and 2K), table.md / table.csv, and exit_table.md (calibrated early exit per
+condition, from each run's checkpoint; see diagnose.py).
 """
 
 import argparse
@@ -19,11 +20,14 @@ import glob
 import json
 import math
 import os
+import shlex
 import subprocess
 import sys
 import time
 
 import numpy as np
+
+from train import CONFIGS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -39,8 +43,9 @@ CONDITIONS = {
     'per_loop + layernorm': ['--supervision=per_loop', '--readout=layernorm'],
     'per_loop + rmsnorm + normed': ['--supervision=per_loop', '--readout=rmsnorm', '--recurrence=normed'],
 }
-# Grid runs are shorter than a single demo run so that all nine fit in 20 minutes on a 2-core CPU.
-GRID_FLAGS = {'laptop': ['--max_iters=200', '--eval_interval=40', '--eval_iters=4'], 'gpu_char': []}
+# Grid runs are shorter than single runs: on 'laptop' all nine fit in 20 minutes on a 2-core CPU.
+GRID_FLAGS = {'laptop': ['--max_iters=200', '--eval_interval=40', '--eval_iters=4'],
+              'gpu_char': ['--max_iters=1000', '--eval_interval=100']}
 # Okabe-Ito colours (colour-blind safe; its yellow swapped for a darker wine, which reads on white) with
 # line styles and markers, so the figures also read in grey.
 STYLES = [('#000000', '-', 'o'), ('#E69F00', '--', 's'), ('#56B4E9', '-.', '^'), ('#009E73', ':', 'D'),
@@ -124,6 +129,14 @@ def describe(runs):
     return f"{size}looped LM ({m['n_layer']} layers x K={m['n_loop']}, d={m['n_embd']}) on {os.path.basename(c['dataset'])}"
 
 
+def save(fig, path):
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    fig.savefig(path[:-4] + '.svg')  # vector copy for papers and slides
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+
+
 def plot(groups, fig_dir):
     import matplotlib
     matplotlib.use('Agg')  # files only; no display needed
@@ -146,7 +159,7 @@ def plot(groups, fig_dir):
     ax.grid(True, which='both', alpha=0.3)
     ax.legend(fontsize=8)
     paths.append(os.path.join(fig_dir, 'fig1_norm_explosion.png'))
-    fig.tight_layout(), fig.savefig(paths[-1], dpi=130), plt.close(fig)
+    save(fig, paths[-1])
 
     fig, ax = plt.subplots(figsize=(7, 5))
     for (name, runs), (color, ls, marker) in zip(groups.items(), STYLES * 2):
@@ -160,7 +173,7 @@ def plot(groups, fig_dir):
     ax.grid(True, which='both', alpha=0.3)
     ax.legend(fontsize=8)
     paths.append(os.path.join(fig_dir, 'fig2_norm_by_loop.png'))
-    fig.tight_layout(), fig.savefig(paths[-1], dpi=130), plt.close(fig)
+    save(fig, paths[-1])
 
     fig, ax = plt.subplots(figsize=(7, 5))
     depths = list(range(1, K + 1)) + [2 * K]
@@ -172,7 +185,7 @@ def plot(groups, fig_dir):
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     paths.append(os.path.join(fig_dir, 'fig3_loss_by_depth.png'))
-    fig.tight_layout(), fig.savefig(paths[-1], dpi=130), plt.close(fig)
+    save(fig, paths[-1])
     return paths
 
 
@@ -193,6 +206,31 @@ def table(groups, fig_dir):
         csv.writer(f).writerows([header] + rows)
     md = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)] + ['| ' + ' | '.join(r) + ' |' for r in rows]
     with open(os.path.join(fig_dir, 'table.md'), 'w') as f:
+        f.write('\n'.join(md) + '\n')
+    return '\n'.join(md)
+
+
+def exit_table(groups, fig_dir, max_windows):
+    """Per condition, from each run's ckpt.pt: mean loops and perplexity at the calibrated early-exit threshold
+    (within 1% of depth-K perplexity) for both exit rules, averaged over seeds, on the validation windows."""
+    import diagnose
+    header = ['condition', 'ppl (depth K)'] + [f"{kind} {col}" for kind in diagnose.EXITS for col in ('mean loops', 'ppl')]
+    rows = []
+    for name, runs in groups.items():
+        results = []
+        for run in runs:
+            model, ckpt = diagnose.load_model(run['folder'], 'cpu')
+            tokens = np.memmap(os.path.join(diagnose.find_dataset(ckpt['args']['dataset']), 'val.bin'), dtype=np.uint16, mode='r')
+            x, y = diagnose.windows(tokens, model.config.block_size, max_windows)
+            K = model.config.n_loop
+            ce, pmax, kl = diagnose.per_token_depth_stats(model, x, y, K)
+            row = [math.exp(ce[:, K - 1].mean())]
+            for kind in diagnose.EXITS:
+                row += list(diagnose.calibrate_exit(kind, ce, pmax, kl, K)[1:])
+            results.append(row)
+        rows.append([name] + [f"{v:.3f}" if i % 2 == 0 else f"{v:.2f}" for i, v in enumerate(np.mean(results, axis=0))])
+    md = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)] + ['| ' + ' | '.join(r) + ' |' for r in rows]
+    with open(os.path.join(fig_dir, 'exit_table.md'), 'w') as f:
         f.write('\n'.join(md) + '\n')
     return '\n'.join(md)
 
@@ -223,8 +261,9 @@ def run_grid(config, seeds, out_root, extra):
         eta = '' if i == 0 else f", ETA {(time.time() - t0) / i * (len(jobs) - i) / 60:.0f} min"
         print(f"[{i + 1}/{len(jobs)}] {folder}: training ({state}{eta})", flush=True)
         result = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        with open(os.path.join(folder, 'train.out'), 'a') if os.path.isdir(folder) else open(os.devnull, 'w') as f:
-            f.write(result.stdout)
+        if os.path.isdir(folder):  # keep train.py's own output beside its log
+            with open(os.path.join(folder, 'train.out'), 'a') as f:
+                f.write(result.stdout)
         if result.returncode != 0:
             last = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else 'no output'
             sys.exit(f"plot_norms.py: error: the run for {name} (seed {seed}) failed: {last}")
@@ -237,11 +276,13 @@ def main(argv=None):
     p.error = lambda msg: sys.exit(f"plot_norms.py: error: {msg}")
     p.add_argument('runs', nargs='*', help='run folders or quoted globs (default with --run: the grid folders)')
     p.add_argument('--run', action='store_true', help='train the grid of conditions first (reusing finished runs)')
-    p.add_argument('--config', default='laptop', choices=list(GRID_FLAGS), help='train.py configuration for --run')
+    p.add_argument('--config', default='laptop', choices=list(CONFIGS), help='train.py configuration for --run')
     p.add_argument('--seeds', type=int, default=1, help='seeds per condition for --run (seeds 1..N)')
     p.add_argument('--out_root', default='out/grid', help='where --run puts its run folders')
     p.add_argument('--fig_dir', default=None, help='where figures and tables go (default: figures/<config> with '
                                                    '--run, else figures)')
+    p.add_argument('--exit_windows', type=int, default=200,
+                   help='validation windows for the early-exit table (0: no table); needs each run\'s ckpt.pt')
     p.add_argument('--train_args', default='', help="extra train.py flags for --run, e.g. '--max_iters=100'")
     args = p.parse_args(argv)
     if args.seeds < 1:
@@ -251,7 +292,7 @@ def main(argv=None):
 
     folders = []
     if args.run:
-        folders = run_grid(args.config, range(1, args.seeds + 1), args.out_root, args.train_args.split())
+        folders = run_grid(args.config, range(1, args.seeds + 1), args.out_root, shlex.split(args.train_args))
     for pattern in args.runs:
         matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
         if not matches:
@@ -267,6 +308,12 @@ def main(argv=None):
         print(f"wrote {path}")
     print(table(groups, fig_dir))
     print(f"wrote {os.path.join(fig_dir, 'table.md')} and table.csv")
+    if args.exit_windows > 0:
+        if all(os.path.exists(os.path.join(run['folder'], 'ckpt.pt')) for run in runs):
+            print(exit_table(groups, fig_dir, args.exit_windows))
+            print(f"wrote {os.path.join(fig_dir, 'exit_table.md')}")
+        else:
+            print("no early-exit table: some runs have no ckpt.pt")
 
 
 if __name__ == '__main__':

@@ -83,7 +83,7 @@ def test_radial_clamp_keeps_norms_and_is_a_no_op_when_scale_is_already_removed()
     model = tiny()
     _, states = diagnose.update_split(model, x, 3, clamp=True)
     assert torch.allclose(states[2].norm(dim=-1), states[0].norm(dim=-1), rtol=1e-4)
-    # normed recurrence + rmsnorm readout: nothing downstream can see the norm, so clamping changes nothing
+    # normed recurrence: every state already has norm sqrt(d) at init, so clamping changes nothing
     before, after = diagnose.clamp_perplexity(tiny(recurrence='normed'), x, y, 3)
     assert after == pytest.approx(before, rel=1e-5)
     before, after = diagnose.clamp_perplexity(tiny(readout='raw'), x, y, 3)

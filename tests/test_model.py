@@ -77,15 +77,16 @@ def test_penalty_gradient_is_radial():
 
 
 def test_normed_recurrence_removes_input_scale():
-    """With 'normed' recurrence a loop's output does not depend on the scale of its input; with 'residual' it does."""
+    """With 'normed' recurrence a loop's output has norm sqrt(d) * gain whatever the scale of its input; with
+    'residual' the input's scale is carried through."""
     h = torch.randn(2, 16, 32)
     for recurrence in ('normed', 'residual'):
         model = tiny(recurrence=recurrence).eval()
-        norms = [model.loop_step(a * h, 2).norm(dim=-1).mean().item() for a in (0.1, 1.0, 100.0)]
+        norms = [model.loop_step(a * h, 2).norm(dim=-1) for a in (0.1, 1.0, 100.0)]
         if recurrence == 'normed':
-            assert max(norms) / min(norms) < 1.001, norms
+            assert all(torch.allclose(n, torch.full_like(n, 32 ** 0.5), rtol=1e-4) for n in norms)
         else:
-            assert norms[2] > 50 * norms[0], norms
+            assert norms[2].mean() > 50 * norms[0].mean()
 
 
 def test_per_loop_and_terminal_losses():

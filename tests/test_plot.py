@@ -20,7 +20,8 @@ def two_runs(small_data, tmp_path_factory):
 
 def test_figures_and_table_from_two_runs(two_runs, tmp_path, capsys):
     plot_norms.main([str(two_runs / '*'), '--fig_dir', str(tmp_path)])
-    for name in ('fig1_norm_explosion.png', 'fig2_norm_by_loop.png', 'fig3_loss_by_depth.png', 'table.csv', 'table.md'):
+    for name in ('fig1_norm_explosion.png', 'fig2_norm_by_loop.png', 'fig3_loss_by_depth.png', 'table.csv', 'table.md',
+                 'fig1_norm_explosion.svg', 'exit_table.md'):
         assert (tmp_path / name).stat().st_size > 0, name
     rows = (tmp_path / 'table.csv').read_text().splitlines()
     assert rows[0].startswith('condition,seeds,step') and len(rows) == 3
@@ -28,6 +29,10 @@ def test_figures_and_table_from_two_runs(two_runs, tmp_path, capsys):
     log = [json.loads(line) for line in open(two_runs / 'raw' / 'log.jsonl')]
     raw_row = next(r for r in rows if r.startswith('per_loop + raw')).split(',')
     assert float(raw_row[4]) == pytest.approx(log[-1]['hidden_norm'][-1], abs=0.06)  # ||h_K|| from the log
+    exits = (tmp_path / 'exit_table.md').read_text().splitlines()
+    assert len(exits) == 4 and 'confidence mean loops' in exits[0]
+    loops = float(exits[2].split('|')[3])
+    assert 1 <= loops <= 2  # K = 2 in these runs
 
 
 def test_every_condition_is_named_back_from_its_flags():
