@@ -151,7 +151,7 @@ def fmt_row(label, values, f='8.3f'):
     return f"{label:>10} " + ' '.join(f"{v:{f}}" for v in values)
 
 
-def main(argv=None):
+def get_parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.error = lambda msg: sys.exit(f"diagnose.py: error: {msg}")
     p.add_argument('--out_dir', default='out/laptop', help='the run folder that holds ckpt.pt')
@@ -159,6 +159,11 @@ def main(argv=None):
     p.add_argument('--max_windows', type=int, default=None, help='cap on validation windows for depth and exit')
     p.add_argument('--diag_windows', type=int, default=32, help='validation windows for the scale diagnostics')
     p.add_argument('--device', default='cpu')
+    return p
+
+
+def main(argv=None):
+    p = get_parser()
     args = p.parse_args(argv)
     try:
         model, ckpt = load_model(args.out_dir, args.device)

@@ -143,25 +143,27 @@ def plot(groups, fig_dir):
     import matplotlib.pyplot as plt
 
     os.makedirs(fig_dir, exist_ok=True)
-    title = describe(next(iter(groups.values())))
+    seeds = sorted({len(runs) for runs in groups.values()})
+    title = describe(next(iter(groups.values()))) + f", {'/'.join(map(str, seeds))} seed{'s' * (seeds != [1])} per condition"
+    title += ' (mean, band: +- 1 std)' if seeds != [1] else ''
     K = next(iter(groups.values()))[0]['config']['model']['n_loop']
     paths = []
 
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = plt.subplots(figsize=(10, 5))
     for (name, runs), (color, ls, marker) in zip(groups.items(), STYLES * 2):
         steps, h = series(runs, 'hidden_norm', K - 1)
         mean, std = mean_std(h)
-        ax.plot(steps, mean, color=color, ls=ls, marker=marker, ms=4, label=f"{name} ({len(runs)} seed{'s' * (len(runs) > 1)})")
+        ax.plot(steps, mean, color=color, ls=ls, marker=marker, ms=4, label=name)
         if len(runs) > 1:
             ax.fill_between(steps, np.maximum(mean - std, 1e-3), mean + std, color=color, alpha=0.15)
     ax.set(yscale='log', xlabel='training step', ylabel=r'final-loop norm $\|h_K\|$ (mean over tokens)',
            title=f"Norm explosion\n{title}")
     ax.grid(True, which='both', alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc='upper left', bbox_to_anchor=(1.01, 1))  # outside: the lines need the room
     paths.append(os.path.join(fig_dir, 'fig1_norm_explosion.png'))
     save(fig, paths[-1])
 
-    fig, ax = plt.subplots(figsize=(7, 5))
+    fig, ax = plt.subplots(figsize=(10, 5))
     for (name, runs), (color, ls, marker) in zip(groups.items(), STYLES * 2):
         mean, std = mean_std([run['records'][-1]['hidden_norm_2k'] for run in runs])
         loops = np.arange(1, len(mean) + 1)
@@ -171,19 +173,23 @@ def plot(groups, fig_dir):
     ax.set(yscale='log', xlabel='loop k (beyond K: extrapolation)', ylabel=r'$\|h_k\|$ at the end of training',
            title=f"Norm by loop at the end of training\n{title}")
     ax.grid(True, which='both', alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc='upper left', bbox_to_anchor=(1.01, 1))  # outside: the lines need the room
     paths.append(os.path.join(fig_dir, 'fig2_norm_by_loop.png'))
     save(fig, paths[-1])
 
-    fig, ax = plt.subplots(figsize=(7, 5))
+    fig, ax = plt.subplots(figsize=(10, 5))
     depths = list(range(1, K + 1)) + [2 * K]
     for (name, runs), (color, ls, marker) in zip(groups.items(), STYLES * 2):
         mean, std = mean_std([run['records'][-1]['val_loss'] for run in runs])
         ax.errorbar(depths, mean, yerr=std if len(runs) > 1 else None, color=color, ls=ls, marker=marker, ms=5, label=name)
+    # untrained exits (terminal supervision, early loops) can sit at tens of nats: keep the frame on the rest
+    at_K = [np.mean([run['records'][-1]['val_loss'][K - 1] for run in runs]) for runs in groups.values()]
+    low = min(min(run['records'][-1]['val_loss']) for runs in groups.values() for run in runs)
+    ax.set_ylim(low - 0.05, max(at_K) + 0.5 * (max(at_K) - low) + 0.1)
     ax.set(xlabel='exit depth (loops run before reading out)', ylabel='validation loss (nats per token)',
-           xticks=depths, title=f"Validation loss by exit depth\n{title}")
+           xticks=depths, title=f"Validation loss by exit depth (points above the frame are off the scale)\n{title}")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc='upper left', bbox_to_anchor=(1.01, 1))  # outside: the lines need the room
     paths.append(os.path.join(fig_dir, 'fig3_loss_by_depth.png'))
     save(fig, paths[-1])
     return paths
@@ -271,7 +277,7 @@ def run_grid(config, seeds, out_root, extra):
     return folders
 
 
-def main(argv=None):
+def get_parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.error = lambda msg: sys.exit(f"plot_norms.py: error: {msg}")
     p.add_argument('runs', nargs='*', help='run folders or quoted globs (default with --run: the grid folders)')
@@ -284,6 +290,11 @@ def main(argv=None):
     p.add_argument('--exit_windows', type=int, default=200,
                    help='validation windows for the early-exit table (0: no table); needs each run\'s ckpt.pt')
     p.add_argument('--train_args', default='', help="extra train.py flags for --run, e.g. '--max_iters=100'")
+    return p
+
+
+def main(argv=None):
+    p = get_parser()
     args = p.parse_args(argv)
     if args.seeds < 1:
         p.error(f"--seeds={args.seeds} must be at least 1")

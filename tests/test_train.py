@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 import torch
 
+import diagnose
+import plot_norms
 import sample
 import train
 from conftest import ROOT, SHAKESPEARE, char_prepare
@@ -206,7 +208,7 @@ def test_prepare_bpe_on_a_local_file(tmp_path, monkeypatch):
 def readme_commands():
     with open(os.path.join(ROOT, 'README.md')) as f:
         readme = f.read()
-    cmds = re.findall(r'^\s*(?:\$ )?python3? (train|sample)\.py(.*)$', readme, flags=re.M)
+    cmds = re.findall(r'^\s*(?:\$ )?python3? (train|sample|plot_norms|diagnose)\.py(.*)$', readme, flags=re.M)
     assert len(cmds) >= 5, 'the README should show its train/sample commands'
     return cmds
 
@@ -217,4 +219,5 @@ def test_every_readme_command_parses():
         if script == 'train':
             train.parse_args(argv)
         else:
-            sample.get_parser().parse_args(argv)
+            parser = {'sample': sample, 'plot_norms': plot_norms, 'diagnose': diagnose}[script].get_parser()
+            parser.parse_args(argv)
