@@ -129,24 +129,37 @@ def describe(runs):
     return f"{size}looped LM ({m['n_layer']} layers x K={m['n_loop']}, d={m['n_embd']}) on {os.path.basename(c['dataset'])}"
 
 
-def save(fig, path):
+def finish(fig, ax, path):
+    """Grid, legend outside the axes (the lines need the room), PNG plus an SVG copy for papers and slides."""
+    import matplotlib.pyplot as plt
+    ax.grid(True, which='both', alpha=0.3)
+    ax.legend(fontsize=8, loc='upper left', bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     fig.savefig(path, dpi=130)
-    fig.savefig(path[:-4] + '.svg')  # vector copy for papers and slides
-    import matplotlib.pyplot as plt
+    fig.savefig(path[:-4] + '.svg')
     plt.close(fig)
+    return path
+
+
+def final_curves(ax, groups, key, xs):
+    """One line per condition through the last evaluation's r[key] at positions xs; seeds give error bars."""
+    for (name, runs), (color, ls, marker) in zip(groups.items(), STYLES * 2):
+        mean, std = mean_std([run['records'][-1][key] for run in runs])
+        ax.errorbar(xs, mean, yerr=std if len(runs) > 1 else None, color=color, ls=ls, marker=marker, ms=5, label=name)
 
 
 def plot(groups, fig_dir):
+    """The three figures; returns their paths."""
     import matplotlib
     matplotlib.use('Agg')  # files only; no display needed
     import matplotlib.pyplot as plt
 
     os.makedirs(fig_dir, exist_ok=True)
+    first = next(iter(groups.values()))
     seeds = sorted({len(runs) for runs in groups.values()})
-    title = describe(next(iter(groups.values()))) + f", {'/'.join(map(str, seeds))} seed{'s' * (seeds != [1])} per condition"
+    title = describe(first) + f", {'/'.join(map(str, seeds))} seed{'s' * (seeds != [1])} per condition"
     title += ' (mean, band: +- 1 std)' if seeds != [1] else ''
-    K = next(iter(groups.values()))[0]['config']['model']['n_loop']
+    K = first[0]['config']['model']['n_loop']
     paths = []
 
     fig, ax = plt.subplots(figsize=(10, 5))
@@ -158,40 +171,26 @@ def plot(groups, fig_dir):
             ax.fill_between(steps, np.maximum(mean - std, 1e-3), mean + std, color=color, alpha=0.15)
     ax.set(yscale='log', xlabel='training step', ylabel=r'final-loop norm $\|h_K\|$ (mean over tokens)',
            title=f"Norm explosion\n{title}")
-    ax.grid(True, which='both', alpha=0.3)
-    ax.legend(fontsize=8, loc='upper left', bbox_to_anchor=(1.01, 1))  # outside: the lines need the room
-    paths.append(os.path.join(fig_dir, 'fig1_norm_explosion.png'))
-    save(fig, paths[-1])
+    paths.append(finish(fig, ax, os.path.join(fig_dir, 'fig1_norm_explosion.png')))
 
     fig, ax = plt.subplots(figsize=(10, 5))
-    for (name, runs), (color, ls, marker) in zip(groups.items(), STYLES * 2):
-        mean, std = mean_std([run['records'][-1]['hidden_norm_2k'] for run in runs])
-        loops = np.arange(1, len(mean) + 1)
-        ax.errorbar(loops, mean, yerr=std if len(runs) > 1 else None, color=color, ls=ls, marker=marker, ms=5, label=name)
+    final_curves(ax, groups, 'hidden_norm_2k', np.arange(1, 2 * K + 1))
     ax.axvline(K, color='grey', lw=0.8)
-    ax.text(K, ax.get_ylim()[0], ' trained K', color='grey', va='bottom', fontsize=8)
+    ax.text(K, 0.02, ' trained K', color='grey', va='bottom', fontsize=8, transform=ax.get_xaxis_transform())
     ax.set(yscale='log', xlabel='loop k (beyond K: extrapolation)', ylabel=r'$\|h_k\|$ at the end of training',
            title=f"Norm by loop at the end of training\n{title}")
-    ax.grid(True, which='both', alpha=0.3)
-    ax.legend(fontsize=8, loc='upper left', bbox_to_anchor=(1.01, 1))  # outside: the lines need the room
-    paths.append(os.path.join(fig_dir, 'fig2_norm_by_loop.png'))
-    save(fig, paths[-1])
+    paths.append(finish(fig, ax, os.path.join(fig_dir, 'fig2_norm_by_loop.png')))
 
     fig, ax = plt.subplots(figsize=(10, 5))
     depths = list(range(1, K + 1)) + [2 * K]
-    for (name, runs), (color, ls, marker) in zip(groups.items(), STYLES * 2):
-        mean, std = mean_std([run['records'][-1]['val_loss'] for run in runs])
-        ax.errorbar(depths, mean, yerr=std if len(runs) > 1 else None, color=color, ls=ls, marker=marker, ms=5, label=name)
+    final_curves(ax, groups, 'val_loss', depths)
     # untrained exits (terminal supervision, early loops) can sit at tens of nats: keep the frame on the rest
     at_K = [np.mean([run['records'][-1]['val_loss'][K - 1] for run in runs]) for runs in groups.values()]
     low = min(min(run['records'][-1]['val_loss']) for runs in groups.values() for run in runs)
     ax.set_ylim(low - 0.05, max(at_K) + 0.5 * (max(at_K) - low) + 0.1)
     ax.set(xlabel='exit depth (loops run before reading out)', ylabel='validation loss (nats per token)',
            xticks=depths, title=f"Validation loss by exit depth (points above the frame are off the scale)\n{title}")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc='upper left', bbox_to_anchor=(1.01, 1))  # outside: the lines need the room
-    paths.append(os.path.join(fig_dir, 'fig3_loss_by_depth.png'))
-    save(fig, paths[-1])
+    paths.append(finish(fig, ax, os.path.join(fig_dir, 'fig3_loss_by_depth.png')))
     return paths
 
 
