@@ -25,6 +25,7 @@ from dataclasses import dataclass, asdict
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
+from torch.utils.checkpoint import checkpoint
 
 # The allowed values of every variant field; train.py uses these as argparse choices.
 READOUTS = ('rmsnorm', 'layernorm', 'raw', 'final_norm')
@@ -232,6 +233,12 @@ class LoopedGPT(nn.Module):
             h = self.inter_norm(h)
         return h
 
+    def readout_loss(self, h, targets, k, return_logits=False):
+        """Cross-entropy of loop k's readout of h (B, T, C) against targets (B, T); optionally the logits too."""
+        logits = self.lm_head(self.readout(h, k))                     # (B, T, V)
+        ce = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        return (ce, logits) if return_logits else ce
+
     def forward(self, idx, targets=None, n_loop=None):
         """idx, targets: (B, T) token ids. n_loop defaults to the trained K and may exceed it.
         Returns (logits, loss, stats):
@@ -258,9 +265,13 @@ class LoopedGPT(nn.Module):
             # Every loop is decoded for the statistics; only supervised loops get a gradient (the others are
             # decoded under no_grad, so they keep no activations for the backward pass).
             supervised = self.config.supervision == 'per_loop' or k == K
-            with torch.set_grad_enabled(torch.is_grad_enabled() and supervised):
-                logits = self.lm_head(self.readout(h, k))             # (B, T, V)
-                ce = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+            if supervised and k < K and torch.is_grad_enabled():
+                # Per-loop readouts before the last are checkpointed: backward recomputes their (B, T, V) logits
+                # instead of keeping K copies alive, so per-loop supervision costs about the memory of terminal.
+                ce = checkpoint(self.readout_loss, h, targets, k, use_reentrant=False)
+            else:
+                with torch.set_grad_enabled(torch.is_grad_enabled() and supervised):
+                    ce, logits = self.readout_loss(h, targets, k, return_logits=True)
             ces.append(ce.detach())
             if supervised:
                 losses.append(ce)

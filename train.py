@@ -123,6 +123,30 @@ def parse_args(argv=None):
     return args
 
 
+def model_config(args, vocab_size=65):
+    """The LoopedConfig that the flags describe (ValueError for invalid combinations)."""
+    return LoopedConfig(
+        vocab_size=vocab_size, block_size=args.block_size, n_embd=args.n_embd, n_head=args.n_head,
+        n_layer=args.n_layer, n_loop=args.n_loop, dropout=args.dropout, readout=args.readout,
+        recurrence=args.recurrence, supervision=args.supervision, norm_penalty=args.norm_penalty, init=args.init,
+        mlp=args.mlp, tie_weights=args.tie_weights)
+
+
+# Dense bf16 peak FLOP/s by GPU name, for MFU; anything else prints n/a rather than a guess.
+PEAK_FLOPS = {'H100': 989e12, 'H200': 989e12, 'A100': 312e12}
+
+
+def peak_flops(device):
+    if not device.startswith('cuda'):
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAK_FLOPS.items() if k in name), None)
+
+
+def fmt_mfu(tokens_per_s, flops_per_token, peak):
+    return 'n/a' if peak is None else f"{100 * tokens_per_s * flops_per_token / peak:.1f}%"
+
+
 def setup_device(args):
     """The one place where device, dtype and compile are decided; returns them and a line that says so."""
     if args.device == 'auto':
@@ -255,11 +279,7 @@ def main(argv=None):
     try:
         ckpt = load_checkpoint(ckpt_path, device) if args.resume else None
         if ckpt is None:
-            config = LoopedConfig(
-                block_size=args.block_size, n_embd=args.n_embd, n_head=args.n_head, n_layer=args.n_layer,
-                n_loop=args.n_loop, dropout=args.dropout, readout=args.readout, recurrence=args.recurrence,
-                supervision=args.supervision, norm_penalty=args.norm_penalty, init=args.init, mlp=args.mlp,
-                tie_weights=args.tie_weights)
+            config = model_config(args)
         else:  # the model is what was trained; the other flags (max_iters, intervals...) may change on resume
             config = LoopedConfig(**ckpt['config'])
         data = Data(find_dataset(args.dataset), config.block_size, args.batch_size, device, args.seed)
@@ -296,14 +316,14 @@ def main(argv=None):
         for block in model.blocks:
             block.compile()
 
-    K = config.n_loop
+    K, peak, flops_per_token = config.n_loop, peak_flops(device), model.flops_per_token()
     val_batches = data.fixed_batches('val', args.eval_iters)
     train_batches = data.fixed_batches('train', args.eval_iters)
     tokens_per_step = args.batch_size * config.block_size
     print(f"{args.out_dir}: {model.num_params():,} parameters, {config.n_layer} layers x {K} loops, "
           f"readout={config.readout}, recurrence={config.recurrence}, supervision={config.supervision}, "
           f"norm_penalty={config.norm_penalty:g}, init={config.init}; {tokens_per_step:,} tokens/step, "
-          f"{model.flops_per_token() / 1e6:.1f} MFLOPs/token")
+          f"{flops_per_token / 1e6:.1f} MFLOPs/token")
 
     os.makedirs(args.out_dir, exist_ok=True)
     if not args.resume:  # a fresh run starts a fresh log, headed by everything needed to reproduce it
@@ -362,7 +382,8 @@ def main(argv=None):
                 eta = (time.time() - t_start) / (step - step_start) * (args.max_iters - step)
                 print(f"step {step}/{args.max_iters} | loss {torch.stack(train_ces).mean().item():.4f} | "
                       f"||h_K|| {stats['hidden_norm'][-1].item():.1f} | {dt * 1000:.0f} ms/step | "
-                      f"{tokens_per_step / dt:,.0f} tok/s | ETA {fmt_time(eta)}")
+                      f"{tokens_per_step / dt:,.0f} tok/s | MFU {fmt_mfu(tokens_per_step / dt, flops_per_token, peak)} | "
+                      f"ETA {fmt_time(eta)}")
                 t_last, train_ces = time.time(), []
             if stop:
                 save_checkpoint(ckpt_path, raw_model, optimizer, config, args, step, best_val_loss, last_eval_step, data)

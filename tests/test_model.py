@@ -179,3 +179,18 @@ def test_readout_module_final_norm_rule():
     assert torch.equal(r(h, 1), h) and torch.equal(r(h, 3), h)
     assert r(h, 4).pow(2).mean(-1).allclose(torch.ones(3), atol=1e-3)
     assert r(h, 8).pow(2).mean(-1).allclose(torch.ones(3), atol=1e-3)
+
+
+def test_checkpointed_readouts_give_the_same_gradients():
+    """forward() checkpoints the per-loop readouts before the last; the gradients must be the plain ones."""
+    x, y = batch()
+    model = tiny()
+    model(x, y)[1].backward()
+    checkpointed = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    h, ces = model.embed(x), []
+    for k in range(1, 4):
+        h = model.loop_step(h, k)
+        ces.append(model.readout_loss(h, y, k))
+    torch.stack(ces).mean().backward()
+    assert all(torch.allclose(checkpointed[n], p.grad, atol=1e-6) for n, p in model.named_parameters())

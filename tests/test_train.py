@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+import bench
 import diagnose
 import plot_norms
 import sample
@@ -208,7 +209,7 @@ def test_prepare_bpe_on_a_local_file(tmp_path, monkeypatch):
 def readme_commands():
     with open(os.path.join(ROOT, 'README.md')) as f:
         readme = f.read()
-    cmds = re.findall(r'^\s*(?:\$ )?python3? (train|sample|plot_norms|diagnose)\.py(.*)$', readme, flags=re.M)
+    cmds = re.findall(r'^\s*(?:\$ )?python3? (train|sample|plot_norms|diagnose|bench)\.py(.*)$', readme, flags=re.M)
     assert len(cmds) >= 5, 'the README should show its train/sample commands'
     return cmds
 
@@ -218,6 +219,8 @@ def test_every_readme_command_parses():
         argv = shlex.split(rest.split('#')[0])
         if script == 'train':
             train.parse_args(argv)
+        elif script == 'bench':
+            bench.parse(argv)
         else:
             parser = {'sample': sample, 'plot_norms': plot_norms, 'diagnose': diagnose}[script].get_parser()
             parser.parse_args(argv)
