@@ -24,6 +24,11 @@ def get_codec(meta):
         import tiktoken
         enc = tiktoken.get_encoding('gpt2')
         return (lambda s: enc.encode(s, allowed_special={'<|endoftext|>'})), enc.decode
+    if meta.get('tokenizer') == 'word':  # data/wikitext103/prepare.py: regex tokens, id 0 is <unk>
+        import re
+        stoi = {tok: i for i, tok in enumerate(meta['itos'])}
+        return (lambda s: [stoi.get(t, 0) for t in re.findall(meta['pattern'], s)]), \
+            (lambda ids: ''.join(meta['itos'][i] for i in ids))
     stoi, itos = meta['stoi'], meta['itos']
 
     def encode(s):

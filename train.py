@@ -39,8 +39,18 @@ CONFIGS = {
                    max_iters=500, eval_interval=100, eval_iters=8, log_interval=20, learning_rate=3e-3),
     'gpu_char': dict(n_layer=4, n_embd=256, n_head=4, n_loop=4, block_size=256, batch_size=32, dropout=0.1,
                      max_iters=3000, eval_interval=250, eval_iters=20, log_interval=50, learning_rate=3e-4),
+    # The authors' recipe (REFERENCE.md section 2): the whole stack looped K=4 times, SwiGLU, tied embeddings,
+    # dropout 0.1, AdamW 3e-4 constant with weight decay 0.01 on everything, clip 1.0, context 256, 4 epochs
+    # of WikiText-103 with the word-level tokenizer (data/wikitext103/prepare.py). For a GPU; on a CPU try
+    # --max_iters=2 --batch_size=2.
+    'paper_44m': dict(n_layer=8, n_embd=512, n_head=8, n_loop=4, block_size=256, batch_size=64, dropout=0.1,
+                      max_iters=None, epochs=4, eval_interval=1000, eval_iters=20, log_interval=50,
+                      learning_rate=3e-4, dataset='wikitext103'),
+    'paper_129m': dict(n_layer=12, n_embd=768, n_head=12, n_loop=4, block_size=256, batch_size=32, dropout=0.1,
+                       max_iters=None, epochs=4, eval_interval=1000, eval_iters=20, log_interval=50,
+                       learning_rate=3e-4, dataset='wikitext103'),
 }
-DATASETS = ('shakespeare_char', 'shakespeare')
+DATASETS = ('shakespeare_char', 'shakespeare', 'wikitext103')
 
 
 def str2bool(s):
@@ -110,7 +120,9 @@ def parse_args(argv=None):
     parser = get_parser()
     parser.set_defaults(**CONFIGS.get(known.config, {}))  # an unknown name is reported by the full parser
     args = parser.parse_args(argv)
-    for name in ('batch_size', 'max_iters', 'eval_interval', 'eval_iters', 'log_interval'):
+    # the paper configurations give epochs (no flag) instead of max_iters; an explicit --max_iters wins
+    args.epochs = getattr(args, 'epochs', None) if args.max_iters is None else None
+    for name in ('batch_size', 'eval_interval', 'eval_iters', 'log_interval') + (('max_iters',) if args.epochs is None else ()):
         if getattr(args, name) < 1:
             parser.error(f"--{name}={getattr(args, name)} must be at least 1")
     if not args.learning_rate > 0:
@@ -194,11 +206,12 @@ class Data:
         return self._batch(data, torch.randint(len(data) - self.T - 1, (self.B,), generator=self.gen).tolist())
 
     def fixed_batches(self, split, n_batches):
-        """n_batches windows spread evenly over the split, the same for every run and every evaluation;
-        they do not overlap whenever the split is long enough to hold them all."""
+        """Up to n_batches batches of windows spread evenly over the split, the same for every run and every
+        evaluation; never more windows than the split holds without overlap (so a tiny split stays cheap)."""
         data = self.splits[split]
-        starts = np.linspace(0, len(data) - self.T - 1, n_batches * self.B).astype(np.int64).tolist()
-        return [self._batch(data, starts[i * self.B:(i + 1) * self.B]) for i in range(n_batches)]
+        n = max(1, min(n_batches * self.B, (len(data) - 1) // self.T))
+        starts = np.linspace(0, len(data) - self.T - 1, n).astype(np.int64).tolist()
+        return [self._batch(data, starts[i:i + self.B]) for i in range(0, n, self.B)]
 
 
 def find_dataset(name):
@@ -229,13 +242,14 @@ def find_dataset(name):
 def evaluate(model, batches, n_loop, ctx):
     """Mean cross-entropy at every exit depth 1..n_loop and mean ||h_k|| at every loop, over fixed batches."""
     model.eval()
-    ce, norm = 0.0, 0.0
+    ce, norm, n = 0.0, 0.0, 0
     for x, y in batches:
         with ctx:
             _, _, stats = model(x, y, n_loop=n_loop)
-        ce, norm = ce + stats['ce'].float(), norm + stats['hidden_norm'].float()
+        # weighted by batch size: the last batch may be smaller
+        ce, norm, n = ce + len(x) * stats['ce'].float(), norm + len(x) * stats['hidden_norm'].float(), n + len(x)
     model.train()
-    return (ce / len(batches)).tolist(), (norm / len(batches)).tolist()
+    return (ce / n).tolist(), (norm / n).tolist()
 
 
 def save_checkpoint(path, raw_model, optimizer, config, args, step, best_val_loss, last_eval_step, data):
@@ -286,6 +300,9 @@ def main(argv=None):
         if ckpt is not None and config.vocab_size != data.meta['vocab_size']:
             raise ValueError(f"{ckpt_path} was trained with vocab {config.vocab_size}, {args.dataset} has {data.meta['vocab_size']}")
         config.vocab_size = data.meta['vocab_size']
+        if args.epochs is not None:  # passes over the training tokens -> steps
+            args.max_iters = math.ceil(args.epochs * len(data.splits['train']) / (args.batch_size * config.block_size))
+            print(f"{args.epochs:g} epochs of {len(data.splits['train']):,} tokens = {args.max_iters:,} steps")
         if ckpt is not None and ckpt['step'] >= args.max_iters:
             raise ValueError(f"{ckpt_path} is at step {ckpt['step']} already; pass a larger --max_iters to continue")
     except ValueError as e:

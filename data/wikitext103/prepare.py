@@ -1,0 +1,105 @@
+"""
+WikiText-103 (raw) for the paper-scale configurations: train.bin / val.bin (uint16 token ids) and meta.pkl.
+
+    python data/wikitext103/prepare.py                                   # downloads the 190 MB zip once
+    python data/wikitext103/prepare.py --input=path/to/wikitext-103-raw  # a folder with wiki.{train,valid}.raw
+    python data/wikitext103/prepare.py --tokenizer=gpt2                  # GPT-2 BPE instead (tiktoken)
+
+The default tokenizer is the paper's word-level one: a regex splits the text into runs of whitespace, runs of
+word characters, and single punctuation marks; the vocabulary is the 20,000 most frequent tokens that occur at
+least twice in the training split, plus <unk> (id 0) for everything else. It is what makes the paper's models
+44M and 129M parameters; the script prints the parameter counts both configurations get from its vocabulary.
+Only the standard library is needed for the download (urllib, zipfile).
+"""
+
+import argparse
+import collections
+import os
+import pickle
+import re
+import sys
+import time
+import urllib.request
+import zipfile
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+URL = 'https://s3.amazonaws.com/research.metamind.io/wikitext/wikitext-103-raw-v1.zip'
+PATTERN = r'\s+|\w+|[^\w\s]'  # whitespace runs, word runs, single punctuation marks
+VOCAB = 20_000
+SPLITS = {'train': 'wiki.train.raw', 'val': 'wiki.valid.raw'}
+
+
+def read_splits(input_path):
+    """{'train': text, 'val': text} from a folder holding the .raw files, or from the zip (downloaded if needed)."""
+    if input_path is not None and os.path.isdir(input_path):
+        paths = {s: os.path.join(input_path, name) for s, name in SPLITS.items()}
+        missing = [p for p in paths.values() if not os.path.exists(p)]
+        if missing:
+            sys.exit(f"prepare.py: error: {input_path} lacks {', '.join(map(os.path.basename, missing))}")
+        return {s: open(p, encoding='utf-8').read() for s, p in paths.items()}
+    zip_path = input_path or os.path.join(HERE, 'wikitext-103-raw-v1.zip')
+    if not os.path.exists(zip_path):
+        print(f"downloading {URL} (about 190 MB)")
+        try:
+            with urllib.request.urlopen(URL, timeout=30) as r, open(zip_path + '.tmp', 'wb') as f:
+                while chunk := r.read(1 << 20):
+                    f.write(chunk)
+        except OSError as e:
+            sys.exit(f"prepare.py: error: could not download {URL} ({getattr(e, 'reason', e)}); pass the zip or "
+                     f"the unpacked folder with --input=PATH")
+        os.replace(zip_path + '.tmp', zip_path)  # a broken download never looks complete
+    try:
+        with zipfile.ZipFile(zip_path) as z:
+            names = {os.path.basename(n): n for n in z.namelist()}
+            return {s: z.read(names[name]).decode('utf-8') for s, name in SPLITS.items()}
+    except (zipfile.BadZipFile, KeyError) as e:
+        sys.exit(f"prepare.py: error: {zip_path} is not the WikiText-103 raw zip ({e}); delete it and run again")
+
+
+def word_tokenizer(train_text):
+    """(encode, itos): the regex tokenizer with the paper's vocabulary rule, built from the training split."""
+    counts = collections.Counter(re.findall(PATTERN, train_text))
+    itos = ['<unk>'] + [tok for tok, n in counts.most_common(VOCAB) if n >= 2]
+    stoi = {tok: i for i, tok in enumerate(itos)}
+    return (lambda text: [stoi.get(tok, 0) for tok in re.findall(PATTERN, text)]), itos
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('--input', default=None, help='the zip, or a folder with wiki.train.raw and wiki.valid.raw')
+    p.add_argument('--tokenizer', default='word', choices=['word', 'gpt2'])
+    p.add_argument('--out_dir', default=HERE, help='where train.bin, val.bin and meta.pkl go')
+    args = p.parse_args(argv)
+    t0 = time.time()
+    texts = read_splits(args.input)
+    print(f"read {', '.join(f'{s} {len(t):,} characters' for s, t in texts.items())}")
+    if args.tokenizer == 'word':
+        encode, itos = word_tokenizer(texts['train'])
+        meta = {'vocab_size': len(itos), 'tokenizer': 'word', 'pattern': PATTERN, 'itos': itos}
+    else:
+        import tiktoken
+        enc = tiktoken.get_encoding('gpt2')
+        encode = enc.encode_ordinary
+        meta = {'vocab_size': enc.n_vocab, 'tokenizer': 'gpt2'}
+    os.makedirs(args.out_dir, exist_ok=True)
+    for split, text in texts.items():
+        ids = np.asarray(encode(text), dtype=np.uint16)
+        unk = f", {np.mean(ids == 0):.2%} <unk>" if args.tokenizer == 'word' else ''
+        print(f"{split}: {len(ids):,} tokens{unk}")
+        ids.tofile(os.path.join(args.out_dir, f'{split}.bin.tmp'))
+        os.replace(os.path.join(args.out_dir, f'{split}.bin.tmp'), os.path.join(args.out_dir, f'{split}.bin'))
+    with open(os.path.join(args.out_dir, 'meta.pkl'), 'wb') as f:
+        pickle.dump(meta, f)
+    sys.path.insert(0, os.path.join(HERE, '..', '..'))
+    from looped import LoopedGPT  # noqa: E402  (repository root)
+    from train import CONFIGS, model_config, parse_args  # noqa: E402
+    for name in ('paper_44m', 'paper_129m'):
+        with_vocab = LoopedGPT(model_config(parse_args([f'--config={name}']), meta['vocab_size']))
+        print(f"{name} with this vocabulary ({meta['vocab_size']:,}): {with_vocab.num_params():,} parameters")
+    print(f"done in {time.time() - t0:.0f} s -> {args.out_dir}")
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,84 @@
+"""The paper-scale path on a tiny WikiText-format folder written here: word-level prepare, GPT-2 prepare,
+and two training steps of the paper_44m configuration on the CPU."""
+
+import json
+import os
+import pickle
+import re
+
+import numpy as np
+import pytest
+
+import train
+from conftest import ROOT
+
+ARTICLE = (" = Valkyria Chronicles III = \n \n Senjō no Valkyria 3 : <unk> Chronicles ( Japanese : 戦場のヴァルキュリア3 , "
+           "lit . Valkyria of the Battlefield 3 ) , commonly referred to as Valkyria Chronicles III outside Japan , is a "
+           "tactical role @-@ playing video game developed by Sega and Media.Vision for the PlayStation Portable . \n \n")
+
+
+def load_prepare():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location('prepare_wikitext', os.path.join(ROOT, 'data', 'wikitext103', 'prepare.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope='module')
+def raw_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp('wikitext-103-raw')
+    (folder / 'wiki.train.raw').write_text(ARTICLE * 40, encoding='utf-8')
+    (folder / 'wiki.valid.raw').write_text(ARTICLE * 8, encoding='utf-8')
+    return folder
+
+
+@pytest.fixture(scope='module')
+def word_data(raw_folder, tmp_path_factory):
+    out = tmp_path_factory.mktemp('wikitext_word')
+    load_prepare().main(['--input', str(raw_folder), '--out_dir', str(out)])
+    return out
+
+
+def test_word_tokenizer_round_trip(word_data, raw_folder):
+    with open(word_data / 'meta.pkl', 'rb') as f:
+        meta = pickle.load(f)
+    assert meta['tokenizer'] == 'word' and meta['itos'][0] == '<unk>' and meta['vocab_size'] == len(meta['itos'])
+    for split, name in (('train', 'wiki.train.raw'), ('val', 'wiki.valid.raw')):
+        ids = np.fromfile(word_data / f'{split}.bin', dtype=np.uint16)
+        # every token but the file's final whitespace run (' \n \n', seen once) is in the vocabulary
+        assert ids[-1] == 0 and (ids[:-1] > 0).all()
+        assert ''.join(meta['itos'][i] for i in ids[:-1]) + ' \n \n' == (raw_folder / name).read_text(encoding='utf-8')
+    # whitespace runs, word runs and single punctuation marks are the tokens
+    assert re.findall(meta['pattern'], ' @-@ role') == [' ', '@', '-', '@', ' ', 'role']
+    assert {' \n \n ', 'Valkyria', '(', '3'} <= set(meta['itos'])
+
+
+def test_words_seen_once_become_unk(tmp_path):
+    encode, itos = load_prepare().word_tokenizer('a a b b c')
+    assert 'c' not in itos and encode('a c zzz') == [itos.index('a'), itos.index(' '), 0, itos.index(' '), 0]
+
+
+def test_gpt2_tokenizer_round_trip(raw_folder, tmp_path, monkeypatch):
+    cache = os.environ.get('TIKTOKEN_CACHE_DIR') or os.path.join(ROOT, '..', 'shared', 'tiktoken_cache')
+    if not os.path.isdir(cache):
+        pytest.skip('no tiktoken cache for the GPT-2 BPE (set TIKTOKEN_CACHE_DIR)')
+    monkeypatch.setenv('TIKTOKEN_CACHE_DIR', cache)
+    load_prepare().main(['--input', str(raw_folder), '--out_dir', str(tmp_path), '--tokenizer=gpt2'])
+    import tiktoken
+    ids = np.fromfile(tmp_path / 'val.bin', dtype=np.uint16)
+    assert tiktoken.get_encoding('gpt2').decode(ids.tolist()) == (raw_folder / 'wiki.valid.raw').read_text(encoding='utf-8')
+
+
+def test_paper_44m_trains_end_to_end_on_cpu(word_data, tmp_path):
+    # the paper's model with a short context and batch, so that two steps take seconds on a CPU
+    train.main(['--config=paper_44m', '--dataset', str(word_data), '--max_iters=2', '--batch_size=2',
+                '--block_size=64', '--eval_interval=2', '--eval_iters=1', '--out_dir', str(tmp_path)])
+    with open(tmp_path / 'log.jsonl') as f:
+        log = [json.loads(line) for line in f]
+    model = log[0]['config']['model']
+    assert (model['n_layer'], model['n_embd'], model['n_head'], model['n_loop']) == (8, 512, 8, 4)
+    # 8 layers of 16 d^2 (attention 4 d^2, SwiGLU 12 d^2) + tied embedding + positions + norm gains
+    d, V = 512, model['vocab_size']
+    assert log[0]['config']['num_params'] == 8 * (16 * d * d + 2 * d) + V * d + 64 * d + d
+    assert [r['step'] for r in log[1:]] == [0, 2] and all(np.isfinite(log[-1]['val_loss']))
