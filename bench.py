@@ -43,7 +43,7 @@ def main(argv=None):
     mine, args = parse(argv)
     if mine.vocab_size < 1 or mine.steps < 1 or mine.warmup < 0:
         sys.exit("bench.py: error: need --vocab_size >= 1, --steps >= 1 and --warmup >= 0")
-    device, device_type, ctx, compile_, device_line = train.setup_device(args)
+    device, device_type, ctx, compile_, _, _, device_line = train.setup_device(args)
     try:
         config = train.model_config(args, mine.vocab_size)
     except ValueError as e:

@@ -27,6 +27,8 @@ from contextlib import nullcontext
 
 import numpy as np
 import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from looped import LoopedConfig, LoopedGPT, READOUTS, RECURRENCES, SUPERVISIONS, INITS, MLPS
 
@@ -86,7 +88,10 @@ def get_parser():
     p.add_argument('--block_size', type=int, help='context length')
     p.add_argument('--dropout', type=float, help='dropout rate (the paper: 0.1)')
     # optimization: AdamW, constant learning rate, as in the paper
-    p.add_argument('--batch_size', type=int, help='sequences per step')
+    p.add_argument('--batch_size', type=int, help='sequences per micro-step (per process)')
+    p.add_argument('--grad_accum', type=int, default=1,
+                   help='micro-steps per optimizer step, over all processes: with torchrun on N GPUs pass a multiple '
+                        'of N; the global batch is batch_size * grad_accum')
     p.add_argument('--max_iters', type=int, help='training steps in all (a resumed run continues to this step)')
     p.add_argument('--learning_rate', type=float, help='constant; the paper uses 3e-4')
     p.add_argument('--weight_decay', type=float, default=0.01, help='AdamW decoupled weight decay')
@@ -122,7 +127,7 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     # the paper configurations give epochs (no flag) instead of max_iters; an explicit --max_iters wins
     args.epochs = getattr(args, 'epochs', None) if args.max_iters is None else None
-    for name in ('batch_size', 'eval_interval', 'eval_iters', 'log_interval') + (('max_iters',) if args.epochs is None else ()):
+    for name in ('batch_size', 'grad_accum', 'eval_interval', 'eval_iters', 'log_interval') + (('max_iters',) if args.epochs is None else ()):
         if getattr(args, name) < 1:
             parser.error(f"--{name}={getattr(args, name)} must be at least 1")
     if not args.learning_rate > 0:
@@ -160,7 +165,9 @@ def fmt_mfu(tokens_per_s, flops_per_token, peak):
 
 
 def setup_device(args):
-    """The one place where device, dtype and compile are decided; returns them and a line that says so."""
+    """The one place where device, dtype, compile and data parallelism are decided. Returns device, device_type,
+    autocast context, compile flag, rank, world size and a line that says so. Under torchrun (RANK is set) it
+    joins the process group: NCCL with one GPU per process, gloo on CPUs."""
     if args.device == 'auto':
         device = 'cuda' if torch.cuda.is_available() else 'mps' if torch.backends.mps.is_available() else 'cpu'
     else:
@@ -168,6 +175,12 @@ def setup_device(args):
     device_type = device.split(':')[0]
     if device_type == 'cuda' and not torch.cuda.is_available():
         sys.exit("train.py: error: --device=cuda but torch sees no CUDA GPU")
+    rank, world = int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1))
+    if 'RANK' in os.environ and not dist.is_initialized():
+        dist.init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo')
+        if device_type == 'cuda':
+            device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
+            torch.cuda.set_device(device)
     dtype = args.dtype
     if dtype == 'auto':
         dtype = 'bfloat16' if device_type == 'cuda' and torch.cuda.is_bf16_supported() else 'float32'
@@ -178,7 +191,8 @@ def setup_device(args):
     # bf16 autocast: weights and the residual stream stay fp32, matmuls run in bf16
     ctx = torch.autocast(device_type, dtype=torch.bfloat16) if dtype == 'bfloat16' else nullcontext()
     why = '' if args.compile != 'auto' else ' (auto: on for CUDA only; on CPU it costs ~30 s and gains nothing here)'
-    return device, device_type, ctx, compile_, f"device: {device} | dtype: {dtype} | compile: {compile_}{why}"
+    ddp = f" | data parallel: {world} processes ({dist.get_backend()})" if world > 1 else ''
+    return device, device_type, ctx, compile_, rank, world, f"device: {device} | dtype: {dtype} | compile: {compile_}{why}{ddp}"
 
 
 class Data:
@@ -287,7 +301,12 @@ def fmt_time(s):
 def main(argv=None):
     args = parse_args(argv)
     ckpt_path, log_path = os.path.join(args.out_dir, 'ckpt.pt'), os.path.join(args.out_dir, 'log.jsonl')
-    device, device_type, ctx, compile_, device_line = setup_device(args)
+    device, device_type, ctx, compile_, rank, world, device_line = setup_device(args)
+    master = rank == 0  # the one process that prints, logs and checkpoints
+    say = print if master else (lambda *a, **k: None)
+    if args.grad_accum % world:
+        sys.exit(f"train.py: error: --grad_accum={args.grad_accum} is not a multiple of the {world} processes")
+    micro_steps = args.grad_accum // world
 
     # Validate everything before touching out_dir, so that bad input never harms an earlier run.
     try:
@@ -296,13 +315,14 @@ def main(argv=None):
             config = model_config(args)
         else:  # the model is what was trained; the other flags (max_iters, intervals...) may change on resume
             config = LoopedConfig(**ckpt['config'])
-        data = Data(find_dataset(args.dataset), config.block_size, args.batch_size, device, args.seed)
+        data = Data(find_dataset(args.dataset), config.block_size, args.batch_size, device, args.seed + rank)
         if ckpt is not None and config.vocab_size != data.meta['vocab_size']:
             raise ValueError(f"{ckpt_path} was trained with vocab {config.vocab_size}, {args.dataset} has {data.meta['vocab_size']}")
         config.vocab_size = data.meta['vocab_size']
         if args.epochs is not None:  # passes over the training tokens -> steps
             args.max_iters = math.ceil(args.epochs * len(data.splits['train']) / (args.batch_size * config.block_size))
-            print(f"{args.epochs:g} epochs of {len(data.splits['train']):,} tokens = {args.max_iters:,} steps")
+            args.max_iters = math.ceil(args.max_iters / args.grad_accum)
+            say(f"{args.epochs:g} epochs of {len(data.splits['train']):,} tokens = {args.max_iters:,} steps")
         if ckpt is not None and ckpt['step'] >= args.max_iters:
             raise ValueError(f"{ckpt_path} is at step {ckpt['step']} already; pass a larger --max_iters to continue")
     except ValueError as e:
@@ -311,7 +331,7 @@ def main(argv=None):
         sys.exit(f"train.py: error: {args.out_dir} already holds a run; pass --resume to continue it, "
                  "--overwrite to replace it, or another --out_dir")
 
-    print(device_line)  # after validation, so that an error is the only line a bad command prints
+    say(device_line)  # after validation, so that an error is the only line a bad command prints
     torch.manual_seed(args.seed)
     model = LoopedGPT(config).to(device)
     optimizer = model.configure_optimizers(args.weight_decay, args.learning_rate, device_type)
@@ -324,35 +344,39 @@ def main(argv=None):
         step, best_val_loss, last_eval_step = ckpt['step'], ckpt['best_val_loss'], ckpt['last_eval_step']
         torch.set_rng_state(ckpt['rng']['torch'].cpu())
         data.gen.set_state(ckpt['rng']['batches'].cpu())
+        if rank > 0:  # only rank 0's batch order is saved; the others continue with a fresh, distinct one
+            data.gen.manual_seed(args.seed + rank + 1000003 * step)
         if ckpt['rng']['cuda'] is not None and device_type == 'cuda':
             torch.cuda.set_rng_state_all([s.cpu() for s in ckpt['rng']['cuda']])
-        print(f"resuming {args.out_dir} at step {step} (model config from the checkpoint)")
+        say(f"resuming {args.out_dir} at step {step} (model config from the checkpoint)")
     raw_model = model  # checkpoints always hold the uncompiled module's weights
     if compile_:
         # regional compilation: compile the block, not the unrolled loop, so any loop count reuses one graph
         for block in model.blocks:
             block.compile()
+    if world > 1:  # gradients are averaged across processes in backward; raw_model stays the plain module
+        model = DDP(model, device_ids=[torch.device(device)] if device_type == 'cuda' else None)
 
-    K, peak, flops_per_token = config.n_loop, peak_flops(device), model.flops_per_token()
+    K, peak, flops_per_token = config.n_loop, peak_flops(device), raw_model.flops_per_token()
     val_batches = data.fixed_batches('val', args.eval_iters)
     train_batches = data.fixed_batches('train', args.eval_iters)
-    tokens_per_step = args.batch_size * config.block_size
-    print(f"{args.out_dir}: {model.num_params():,} parameters, {config.n_layer} layers x {K} loops, "
+    tokens_per_step = args.batch_size * config.block_size * args.grad_accum  # over all processes
+    say(f"{args.out_dir}: {raw_model.num_params():,} parameters, {config.n_layer} layers x {K} loops, "
           f"readout={config.readout}, recurrence={config.recurrence}, supervision={config.supervision}, "
           f"norm_penalty={config.norm_penalty:g}, init={config.init}; {tokens_per_step:,} tokens/step, "
           f"{flops_per_token / 1e6:.1f} MFLOPs/token")
 
     os.makedirs(args.out_dir, exist_ok=True)
-    if not args.resume:  # a fresh run starts a fresh log, headed by everything needed to reproduce it
+    if not args.resume and master:  # a fresh run starts a fresh log, headed by everything needed to reproduce it
         with open(log_path, 'w') as f:
-            f.write(json.dumps({'config': {**vars(args), 'model': config.to_dict(), 'num_params': model.num_params()}}) + '\n')
+            f.write(json.dumps({'config': {**vars(args), 'model': config.to_dict(), 'num_params': raw_model.num_params()}}) + '\n')
 
     # Ctrl-C: finish the current step, save, exit. A second Ctrl-C interrupts at once.
     stop = []
     def on_sigint(signum, frame):
         stop.append(signum)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        print("\ninterrupt: saving a checkpoint after this step (Ctrl-C again to abort)")
+        say("\ninterrupt: saving a checkpoint after this step (Ctrl-C again to abort)")
     previous_handler = signal.signal(signal.SIGINT, on_sigint)
 
     try:
@@ -360,8 +384,8 @@ def main(argv=None):
         t_last, train_ces = time.time(), []
         while True:
             if (step % args.eval_interval == 0 or step == args.max_iters) and step != last_eval_step:
-                val_ce, val_norm = evaluate(model, val_batches, 2 * K, ctx)
-                train_ce, _ = evaluate(model, train_batches, K, ctx)
+                val_ce, val_norm = evaluate(raw_model, val_batches, 2 * K, ctx)  # every process, in step
+                train_ce, _ = evaluate(raw_model, train_batches, K, ctx)
                 val_loss = val_ce[:K] + [val_ce[2 * K - 1]]  # exit depths 1..K, then 2K (depth extrapolation)
                 if not all(map(math.isfinite, val_loss)):
                     sys.exit(f"train.py: error: validation loss is {val_loss[K - 1]} at step {step}; "
@@ -369,27 +393,36 @@ def main(argv=None):
                 best_val_loss, last_eval_step = min(best_val_loss, val_loss[K - 1]), step
                 record = {'step': step, 'train_loss': train_ce[K - 1], 'val_loss': val_loss,
                           'hidden_norm': val_norm[:K], 'hidden_norm_2k': val_norm, 'elapsed_s': round(time.time() - t_start, 2)}
-                if step > 0:  # save first, then log: the log never runs ahead of the checkpoint
+                if step > 0 and master:  # save first, then log: the log never runs ahead of the checkpoint
                     save_checkpoint(ckpt_path, raw_model, optimizer, config, args, step, best_val_loss, last_eval_step, data)
-                with open(log_path, 'a') as f:
-                    f.write(json.dumps(record) + '\n')
-                print(f"eval {step}: val loss by depth " + ' '.join(f'{v:.3f}' for v in val_loss[:K])
+                if master:
+                    with open(log_path, 'a') as f:
+                        f.write(json.dumps(record) + '\n')
+                say(f"eval {step}: val loss by depth " + ' '.join(f'{v:.3f}' for v in val_loss[:K])
                       + f" | 2K {val_loss[K]:.3f} | ||h_k|| " + ' '.join(f'{v:.1f}' for v in val_norm[:K])
                       + f" | 2K {val_norm[-1]:.1f}")
             if step >= args.max_iters:
                 break
 
-            x, y = data.train_batch()
-            with ctx:
-                _, loss, stats = model(x, y)
-            loss.backward()
+            lossf = 0.0
+            for micro in range(micro_steps):
+                x, y = data.train_batch()
+                if world > 1:  # gradients are averaged across processes in backward; raw_model stays the plain module2
+                    model.require_backward_grad_sync = micro == micro_steps - 1
+                with ctx:
+                    _, loss, stats = model(x, y)
+                (loss / micro_steps).backward()
+                lossf += loss.item() / micro_steps  # one sync per step buys an exact step number on divergence
             if args.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
 
-            lossf = loss.item()  # one sync per step buys an exact step number when training diverges
+            if world > 1:  # every process must see the same loss and the same Ctrl-C, or some would wait forever
+                shared = torch.tensor([lossf, float(bool(stop))], device=device)
+                dist.all_reduce(shared)
+                lossf, stop = shared[0].item() / world, [1] if shared[1].item() > 0 else []
             if not math.isfinite(lossf):
                 sys.exit(f"train.py: error: training loss is {lossf} at step {step}; stopping, the last good "
                          f"checkpoint in {args.out_dir} is kept (try a lower --learning_rate)")
@@ -397,20 +430,28 @@ def main(argv=None):
             if step % args.log_interval == 0 or step == args.max_iters:
                 dt = (time.time() - t_last) / len(train_ces)
                 eta = (time.time() - t_start) / (step - step_start) * (args.max_iters - step)
-                print(f"step {step}/{args.max_iters} | loss {torch.stack(train_ces).mean().item():.4f} | "
+                say(f"step {step}/{args.max_iters} | loss {torch.stack(train_ces).mean().item():.4f} | "
                       f"||h_K|| {stats['hidden_norm'][-1].item():.1f} | {dt * 1000:.0f} ms/step | "
                       f"{tokens_per_step / dt:,.0f} tok/s | MFU {fmt_mfu(tokens_per_step / dt, flops_per_token, peak)} | "
                       f"ETA {fmt_time(eta)}")
                 t_last, train_ces = time.time(), []
             if stop:
-                save_checkpoint(ckpt_path, raw_model, optimizer, config, args, step, best_val_loss, last_eval_step, data)
-                print(f"saved {ckpt_path} at step {step}; continue with the same flags plus --resume")
+                if master:
+                    save_checkpoint(ckpt_path, raw_model, optimizer, config, args, step, best_val_loss, last_eval_step, data)
+                say(f"saved {ckpt_path} at step {step}; continue with the same flags plus --resume")
                 sys.exit(130)
 
-        print(f"done: {step} steps in {fmt_time(time.time() - t_start)}; final ||h_K|| {val_norm[K - 1]:.1f}, "
+        if world > 1:  # the point of DDP: every process ends with the same weights
+            total = torch.stack([p.detach().double().sum() for p in raw_model.parameters()]).sum().reshape(1)
+            sums = [torch.zeros_like(total) for _ in range(world)]
+            dist.all_gather(sums, total)
+            say(f"weights identical on all {world} processes: {all(torch.equal(sums[0], t) for t in sums)}")
+        say(f"done: {step} steps in {fmt_time(time.time() - t_start)}; final ||h_K|| {val_norm[K - 1]:.1f}, "
               f"val loss {val_loss[K - 1]:.4f}; log {log_path}")
     finally:  # leave the caller's (e.g. pytest's) Ctrl-C handling as it was
         signal.signal(signal.SIGINT, previous_handler)
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 if __name__ == '__main__':

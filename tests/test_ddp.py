@@ -1,0 +1,34 @@
+"""Data-parallel training: 2 CPU processes under torchrun with gloo, then a resume."""
+
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+from conftest import ROOT
+from test_train import TINY
+
+
+def torchrun(data, out, *flags):
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'train.py',
+           '--dataset', data, '--out_dir', str(out), '--device=cpu', *TINY, '--grad_accum=2', '--eval_interval=2', *flags]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    return r.stdout
+
+
+def test_two_processes_stay_in_sync_and_resume(small_data, tmp_path):
+    out = torchrun(small_data, tmp_path, '--max_iters=4')
+    assert 'data parallel: 2 processes (gloo)' in out
+    assert 'weights identical on all 2 processes: True' in out
+    assert out.count('eval 4:') == 1  # only rank 0 prints (and logs, and saves)
+    with open(tmp_path / 'log.jsonl') as f:
+        log = [json.loads(line) for line in f]
+    assert 'config' in log[0] and [r['step'] for r in log[1:]] == [0, 2, 4]
+    assert log[0]['config']['grad_accum'] == 2
+    out = torchrun(small_data, tmp_path, '--max_iters=6', '--resume')
+    assert 'resuming' in out and 'weights identical on all 2 processes: True' in out
+    assert torch.load(tmp_path / 'ckpt.pt', weights_only=False)['step'] == 6
+    assert not os.path.exists(tmp_path / 'ckpt.pt.tmp')
