@@ -320,8 +320,8 @@ def main(argv=None):
             raise ValueError(f"{ckpt_path} was trained with vocab {config.vocab_size}, {args.dataset} has {data.meta['vocab_size']}")
         config.vocab_size = data.meta['vocab_size']
         if args.epochs is not None:  # passes over the training tokens -> steps
-            args.max_iters = math.ceil(args.epochs * len(data.splits['train']) / (args.batch_size * config.block_size))
-            args.max_iters = math.ceil(args.max_iters / args.grad_accum)
+            tokens_per_step = args.batch_size * config.block_size * args.grad_accum
+            args.max_iters = math.ceil(args.epochs * len(data.splits['train']) / tokens_per_step)
             say(f"{args.epochs:g} epochs of {len(data.splits['train']):,} tokens = {args.max_iters:,} steps")
         if ckpt is not None and ckpt['step'] >= args.max_iters:
             raise ValueError(f"{ckpt_path} is at step {ckpt['step']} already; pass a larger --max_iters to continue")
@@ -362,10 +362,12 @@ def main(argv=None):
     train_batches = data.fixed_batches('train', args.eval_iters)
     tokens_per_step = args.batch_size * config.block_size * args.grad_accum  # over all processes
     say(f"{args.out_dir}: {raw_model.num_params():,} parameters, {config.n_layer} layers x {K} loops, "
-          f"readout={config.readout}, recurrence={config.recurrence}, supervision={config.supervision}, "
-          f"norm_penalty={config.norm_penalty:g}, init={config.init}; {tokens_per_step:,} tokens/step, "
-          f"{flops_per_token / 1e6:.1f} MFLOPs/token")
+        f"readout={config.readout}, recurrence={config.recurrence}, supervision={config.supervision}, "
+        f"norm_penalty={config.norm_penalty:g}, init={config.init}; {tokens_per_step:,} tokens/step, "
+        f"{flops_per_token / 1e6:.1f} MFLOPs/token")
 
+    if world > 1:  # every process has checked out_dir and read its checkpoint before rank 0 writes there
+        dist.barrier()
     os.makedirs(args.out_dir, exist_ok=True)
     if not args.resume and master:  # a fresh run starts a fresh log, headed by everything needed to reproduce it
         with open(log_path, 'w') as f:
@@ -399,8 +401,8 @@ def main(argv=None):
                     with open(log_path, 'a') as f:
                         f.write(json.dumps(record) + '\n')
                 say(f"eval {step}: val loss by depth " + ' '.join(f'{v:.3f}' for v in val_loss[:K])
-                      + f" | 2K {val_loss[K]:.3f} | ||h_k|| " + ' '.join(f'{v:.1f}' for v in val_norm[:K])
-                      + f" | 2K {val_norm[-1]:.1f}")
+                    + f" | 2K {val_loss[K]:.3f} | ||h_k|| " + ' '.join(f'{v:.1f}' for v in val_norm[:K])
+                    + f" | 2K {val_norm[-1]:.1f}")
             if step >= args.max_iters:
                 break
 
@@ -431,9 +433,9 @@ def main(argv=None):
                 dt = (time.time() - t_last) / len(train_ces)
                 eta = (time.time() - t_start) / (step - step_start) * (args.max_iters - step)
                 say(f"step {step}/{args.max_iters} | loss {torch.stack(train_ces).mean().item():.4f} | "
-                      f"||h_K|| {stats['hidden_norm'][-1].item():.1f} | {dt * 1000:.0f} ms/step | "
-                      f"{tokens_per_step / dt:,.0f} tok/s | MFU {fmt_mfu(tokens_per_step / dt, flops_per_token, peak)} | "
-                      f"ETA {fmt_time(eta)}")
+                    f"||h_K|| {stats['hidden_norm'][-1].item():.1f} | {dt * 1000:.0f} ms/step | "
+                    f"{tokens_per_step / dt:,.0f} tok/s | MFU {fmt_mfu(tokens_per_step / dt, flops_per_token, peak)} | "
+                    f"ETA {fmt_time(eta)}")
                 t_last, train_ces = time.time(), []
             if stop:
                 if master:
@@ -447,7 +449,7 @@ def main(argv=None):
             dist.all_gather(sums, total)
             say(f"weights identical on all {world} processes: {all(torch.equal(sums[0], t) for t in sums)}")
         say(f"done: {step} steps in {fmt_time(time.time() - t_start)}; final ||h_K|| {val_norm[K - 1]:.1f}, "
-              f"val loss {val_loss[K - 1]:.4f}; log {log_path}")
+            f"val loss {val_loss[K - 1]:.4f}; log {log_path}")
     finally:  # leave the caller's (e.g. pytest's) Ctrl-C handling as it was
         signal.signal(signal.SIGINT, previous_handler)
         if dist.is_initialized():
