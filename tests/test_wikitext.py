@@ -70,7 +70,7 @@ def test_gpt2_tokenizer_round_trip(raw_folder, tmp_path, monkeypatch):
     assert tiktoken.get_encoding('gpt2').decode(ids.tolist()) == (raw_folder / 'wiki.valid.raw').read_text(encoding='utf-8')
 
 
-def test_paper_44m_trains_end_to_end_on_cpu(word_data, tmp_path):
+def test_paper_44m_trains_end_to_end_on_cpu(word_data, tmp_path, capsys):
     # the paper's model with a short context and batch, so that two steps take seconds on a CPU
     train.main(['--config=paper_44m', '--dataset', str(word_data), '--max_iters=2', '--batch_size=2',
                 '--block_size=64', '--eval_interval=2', '--eval_iters=1', '--out_dir', str(tmp_path)])
@@ -82,3 +82,8 @@ def test_paper_44m_trains_end_to_end_on_cpu(word_data, tmp_path):
     d, V = 512, model['vocab_size']
     assert log[0]['config']['num_params'] == 8 * (16 * d * d + 2 * d) + V * d + 64 * d + d
     assert [r['step'] for r in log[1:]] == [0, 2] and all(np.isfinite(log[-1]['val_loss']))
+    # and samples with the word-level vocabulary stored in its checkpoint
+    import sample
+    capsys.readouterr()
+    sample.main(['--out_dir', str(tmp_path), '--start', ' = Valkyria', '--max_new_tokens=5', '--num_samples=1'])
+    assert ' = Valkyria' in capsys.readouterr().out
