@@ -48,7 +48,7 @@ def per_token_depth_stats(model, x, y, n_loop, batch_size=32):
         xb, yb = x[i:i + batch_size], y[i:i + batch_size]
         h, prev, rows = model.embed(xb), None, ([], [], [])
         for k in range(1, n_loop + 1):
-            h = model.loop_step(h, k)
+            h = model.loop_step(h)
             logp = readout_logp(model, h, k)                              # (B, T, V)
             rows[0].append(-logp.gather(-1, yb.unsqueeze(-1)).squeeze(-1))
             rows[1].append(logp.max(-1).values.exp())
@@ -88,7 +88,7 @@ def scale_sensitivity(model, x, y, K, scales=SCALES):
     with torch.no_grad():
         h = model.embed(x)
         for k in range(1, K + 1):
-            h = model.loop_step(h, k)
+            h = model.loop_step(h)
             for j, a in enumerate(scales):
                 out[k - 1, j] = F.nll_loss(readout_logp(model, a * h, k).flatten(0, 1), y.flatten()).item()
     return out
@@ -100,7 +100,7 @@ def radial_gradient(model, x, y, K):
     states, ces = [], []
     h = model.embed(x)
     for k in range(1, K + 1):
-        h = model.loop_step(h, k)
+        h = model.loop_step(h)
         states.append(h)
         ces.append(F.nll_loss(readout_logp(model, h, k).flatten(0, 1), y.flatten()))
     objective = torch.stack(ces).mean() if model.config.supervision == 'per_loop' else ces[-1]
@@ -119,7 +119,7 @@ def update_split(model, x, K, clamp=False):
     from (its radial change removed) before it moves on. Returns ((K, 2) array, the states h_1..h_K)."""
     h, rows, states = model.embed(x), [], []
     for k in range(1, K + 1):
-        h_new = model.loop_step(h, k)
+        h_new = model.loop_step(h)
         if clamp and k > 1:
             h_new = h_new * (h.norm(dim=-1, keepdim=True) / h_new.norm(dim=-1, keepdim=True))
         u, v = F.normalize(h, dim=-1), F.normalize(h_new, dim=-1)

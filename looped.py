@@ -223,10 +223,10 @@ class LoopedGPT(nn.Module):
         pos = torch.arange(idx.size(1), device=idx.device)
         return self.drop(self.wte(idx) + self.wpe(pos))
 
-    def loop_step(self, h, k):
-        """h_{k-1} -> h_k: one pass through the shared stack (k is unused here; it keeps the signature of a
-        loop-dependent step). With 'normed' recurrence the pass ends in an RMSNorm: the state handed to the next
-        loop, and read out, has norm ~ sqrt(d) * gain whatever scale the pass produced."""
+    def loop_step(self, h):
+        """h_{k-1} -> h_k: one pass through the shared stack. With 'normed' recurrence the pass ends in an
+        RMSNorm: the state handed to the next loop, and read out, has norm ~ sqrt(d) * gain whatever scale the
+        pass produced."""
         for block in self.blocks:
             h = block(h)
         if self.inter_norm is not None:
@@ -256,7 +256,7 @@ class LoopedGPT(nn.Module):
 
         norms, ces, losses, penalty = [], [], [], 0.0
         for k in range(1, K + 1):
-            h = self.loop_step(h, k)                                  # (B, T, C): h_k
+            h = self.loop_step(h)                                     # (B, T, C): h_k
             norms.append(h.detach().float().norm(dim=-1).mean())
             if self.config.norm_penalty > 0:
                 penalty = penalty + h.float().pow(2).mean()
@@ -319,7 +319,7 @@ class LoopedGPT(nn.Module):
             idx_cond = idx[:, -self.config.block_size:]               # crop to the context the model knows
             h, logp_prev = self.embed(idx_cond), None
             for k in range(1, K + 1):
-                h = self.loop_step(h, k)                              # (B, T, C)
+                h = self.loop_step(h)                                 # (B, T, C)
                 logits = self.lm_head(self.readout(h[:, -1, :], k))    # (B, V): only the next token is needed
                 logp = F.log_softmax(logits.float(), dim=-1)
                 if exit is not None and exit_passes(exit, exit_threshold, logp, logp_prev).all():

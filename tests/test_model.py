@@ -82,7 +82,7 @@ def test_normed_recurrence_removes_input_scale():
     h = torch.randn(2, 16, 32)
     for recurrence in ('normed', 'residual'):
         model = tiny(recurrence=recurrence).eval()
-        norms = [model.loop_step(a * h, 2).norm(dim=-1) for a in (0.1, 1.0, 100.0)]
+        norms = [model.loop_step(a * h).norm(dim=-1) for a in (0.1, 1.0, 100.0)]
         if recurrence == 'normed':
             assert all(torch.allclose(n, torch.full_like(n, 32 ** 0.5), rtol=1e-4) for n in norms)
         else:
@@ -190,7 +190,7 @@ def test_checkpointed_readouts_give_the_same_gradients():
     model.zero_grad()
     h, ces = model.embed(x), []
     for k in range(1, 4):
-        h = model.loop_step(h, k)
+        h = model.loop_step(h)
         ces.append(model.readout_loss(h, y, k))
     torch.stack(ces).mean().backward()
     assert all(torch.allclose(checkpointed[n], p.grad, atol=1e-6) for n, p in model.named_parameters())
