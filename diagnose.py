@@ -20,8 +20,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from looped import EXITS, LoopedConfig, LoopedGPT, exit_passes
-from train import find_dataset, load_checkpoint
+from looped import EXITS
+from train import find_dataset, load_model
 
 SCALES = (0.1, 0.5, 1.0, 2.0, 10.0)
 
@@ -140,11 +140,9 @@ def clamp_perplexity(model, x, y, K):
     return out
 
 
-def load_model(out_dir, device):
-    ckpt = load_checkpoint(os.path.join(out_dir, 'ckpt.pt'), device)
-    model = LoopedGPT(LoopedConfig(**ckpt['config']))
-    model.load_state_dict(ckpt['model'])
-    return model.to(device).eval(), ckpt
+def val_tokens(ckpt):
+    """The validation split of the dataset a checkpoint was trained on, as a uint16 array."""
+    return np.memmap(os.path.join(find_dataset(ckpt['args']['dataset']), 'val.bin'), dtype=np.uint16, mode='r')
 
 
 def fmt_row(label, values, f='8.3f'):
@@ -167,7 +165,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     try:
         model, ckpt = load_model(args.out_dir, args.device)
-        tokens = np.memmap(os.path.join(find_dataset(ckpt['args']['dataset']), 'val.bin'), dtype=np.uint16, mode='r')
+        tokens = val_tokens(ckpt)
     except (ValueError, OSError) as e:
         sys.exit(f"diagnose.py: error: {e}")
     c = model.config

@@ -209,8 +209,13 @@ def table(groups, fig_dir):
                     + [f"{ppl[:, i].mean():.3f}" for i in range(K + 1)])
     with open(os.path.join(fig_dir, 'table.csv'), 'w', newline='') as f:
         csv.writer(f).writerows([header] + rows)
+    return write_markdown(os.path.join(fig_dir, 'table.md'), header, rows)
+
+
+def write_markdown(path, header, rows):
+    """A markdown table to path; returns its text."""
     md = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)] + ['| ' + ' | '.join(r) + ' |' for r in rows]
-    with open(os.path.join(fig_dir, 'table.md'), 'w') as f:
+    with open(path, 'w') as f:
         f.write('\n'.join(md) + '\n')
     return '\n'.join(md)
 
@@ -225,8 +230,7 @@ def exit_table(groups, fig_dir, max_windows):
         results = []
         for run in runs:
             model, ckpt = diagnose.load_model(run['folder'], 'cpu')
-            tokens = np.memmap(os.path.join(diagnose.find_dataset(ckpt['args']['dataset']), 'val.bin'), dtype=np.uint16, mode='r')
-            x, y = diagnose.windows(tokens, model.config.block_size, max_windows)
+            x, y = diagnose.windows(diagnose.val_tokens(ckpt), model.config.block_size, max_windows)
             K = model.config.n_loop
             ce, pmax, kl = diagnose.per_token_depth_stats(model, x, y, K)
             row = [math.exp(ce[:, K - 1].mean())]
@@ -234,10 +238,7 @@ def exit_table(groups, fig_dir, max_windows):
                 row += list(diagnose.calibrate_exit(kind, ce, pmax, kl, K)[1:])
             results.append(row)
         rows.append([name] + [f"{v:.3f}" if i % 2 == 0 else f"{v:.2f}" for i, v in enumerate(np.mean(results, axis=0))])
-    md = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)] + ['| ' + ' | '.join(r) + ' |' for r in rows]
-    with open(os.path.join(fig_dir, 'exit_table.md'), 'w') as f:
-        f.write('\n'.join(md) + '\n')
-    return '\n'.join(md)
+    return write_markdown(os.path.join(fig_dir, 'exit_table.md'), header, rows)
 
 
 def run_grid(config, seeds, out_root, extra):

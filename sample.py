@@ -9,13 +9,12 @@ Generate text from a trained looped model, at its trained loop count or any othe
 """
 
 import argparse
-import os
 import sys
 
 import torch
 
-from looped import EXITS, LoopedConfig, LoopedGPT
-from train import load_checkpoint
+from looped import EXITS
+from train import load_model
 
 
 def get_codec(meta):
@@ -73,8 +72,8 @@ def main(argv=None):
     if device == 'auto':
         device = 'cuda' if torch.cuda.is_available() else 'mps' if torch.backends.mps.is_available() else 'cpu'
     try:
-        ckpt = load_checkpoint(os.path.join(args.out_dir, 'ckpt.pt'), device)
-        config = LoopedConfig(**ckpt['config'])
+        model, ckpt = load_model(args.out_dir, device)
+        config = model.config
         encode, decode = get_codec(ckpt['meta'])
         start = args.start
         if start.startswith('FILE:'):
@@ -87,9 +86,6 @@ def main(argv=None):
         p.error("the start text is empty")
 
     torch.manual_seed(args.seed)
-    model = LoopedGPT(config)
-    model.load_state_dict(ckpt['model'])
-    model.eval().to(device)
     n_loop = args.n_loop or config.n_loop
     print(f"{args.out_dir} at step {ckpt['step']}: {config.readout} readout, {config.recurrence} recurrence, "
           f"trained with K={config.n_loop}, sampling with {n_loop} loops per token")

@@ -293,6 +293,14 @@ def load_checkpoint(path, device):
     return ckpt
 
 
+def load_model(out_dir, device):
+    """The model saved in out_dir/ckpt.pt, in eval mode on device, and the checkpoint dict (ValueError if unreadable)."""
+    ckpt = load_checkpoint(os.path.join(out_dir, 'ckpt.pt'), device)
+    model = LoopedGPT(LoopedConfig(**ckpt['config']))
+    model.load_state_dict(ckpt['model'])
+    return model.to(device).eval(), ckpt
+
+
 def fmt_time(s):
     s = int(s)
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"

@@ -8,7 +8,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -19,7 +18,7 @@ import diagnose
 import plot_norms
 import sample
 import train
-from conftest import ROOT, SHAKESPEARE, char_prepare
+from conftest import ROOT, char_prepare
 
 TINY = ['--n_layer=1', '--n_embd=32', '--n_head=2', '--n_loop=2', '--block_size=16', '--batch_size=4',
         '--eval_iters=2', '--log_interval=2']

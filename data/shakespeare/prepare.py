@@ -12,7 +12,6 @@ import os
 import pickle
 import sys
 
-import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # the text and its download live with the character-level dataset; reuse that script's loader

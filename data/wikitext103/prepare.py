@@ -94,7 +94,7 @@ def main(argv=None):
         pickle.dump(meta, f)
     sys.path.insert(0, os.path.join(HERE, '..', '..'))
     from looped import LoopedGPT  # noqa: E402  (repository root)
-    from train import CONFIGS, model_config, parse_args  # noqa: E402
+    from train import model_config, parse_args  # noqa: E402
     for name in ('paper_44m', 'paper_129m'):
         with_vocab = LoopedGPT(model_config(parse_args([f'--config={name}']), meta['vocab_size']))
         print(f"{name} with this vocabulary ({meta['vocab_size']:,}): {with_vocab.num_params():,} parameters")
