@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from train import CONFIGS
+from train import CONFIGS, load_model
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -229,7 +229,7 @@ def exit_table(groups, fig_dir, max_windows):
     for name, runs in groups.items():
         results = []
         for run in runs:
-            model, ckpt = diagnose.load_model(run['folder'], 'cpu')
+            model, ckpt = load_model(run['folder'], 'cpu')
             x, y = diagnose.windows(diagnose.val_tokens(ckpt), model.config.block_size, max_windows)
             K = model.config.n_loop
             ce, pmax, kl = diagnose.per_token_depth_stats(model, x, y, K)
