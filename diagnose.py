@@ -1,14 +1,17 @@
 """
 Measure a trained looped model: perplexity at every exit depth, a calibrated early exit, and the paper's
-scale mechanism (readout scale sensitivity, radial gradient, radial/angular split of each loop, radial clamp).
+scale mechanism (readout scale sensitivity, radial gradient, radial/angular split of each loop, radial
+clamps, and the lemma check over 30 loops).
 
     python diagnose.py --out_dir=out/laptop                  # all of it, on the validation split
     python diagnose.py --out_dir=out/laptop-raw --only=scale
     python diagnose.py --out_dir=out/laptop --only=depth --max_windows=200
+    python diagnose.py --out_dir=out/laptop --only=lemma --fig=figures/laptop/lemma_rmsnorm.png
 
 Depth and exit numbers use non-overlapping windows of block_size tokens, so every validation token (all but
 the last few that do not fill a window) is predicted exactly once. The scale diagnostics use the first
---diag_windows windows.
+--diag_windows windows. Every loop is run through LoopedGPT.loops, the model's one implementation of the
+recurrence, so a change there shows here too.
 """
 
 import argparse
@@ -20,10 +23,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from looped import EXITS
-from train import find_dataset, load_model
+from data import find_dataset
+from looped import EXITS, LoopedGPT, resolve_device
 
 SCALES = (0.1, 0.5, 1.0, 2.0, 10.0)
+CLAMPS = ('none', 'freeze', 'remove_radial')  # see clamp(): ways to take the radial part out of each loop
 
 
 def windows(tokens, T, max_windows=None):
@@ -36,8 +40,14 @@ def windows(tokens, T, max_windows=None):
 
 
 def readout_logp(model, h, k):
-    return F.log_softmax(model.lm_head(model.readout(h, k)).float(), dim=-1)  # (B, T, V)
+    return F.log_softmax(model.readout_logits(h, k).float(), dim=-1)  # (B, T, V)
 
+
+def rms(h):
+    return h.pow(2).mean(-1, keepdim=True).sqrt()  # (..., 1): per-token root mean square
+
+
+# ---- perplexity by depth and early exit ----
 
 @torch.no_grad()
 def per_token_depth_stats(model, x, y, n_loop, batch_size=32):
@@ -46,9 +56,8 @@ def per_token_depth_stats(model, x, y, n_loop, batch_size=32):
     ce, pmax, kl = [], [], []
     for i in range(0, len(x), batch_size):
         xb, yb = x[i:i + batch_size], y[i:i + batch_size]
-        h, prev, rows = model.embed(xb), None, ([], [], [])
-        for k in range(1, n_loop + 1):
-            h = model.loop_step(h)
+        prev, rows = None, ([], [], [])
+        for k, h in model.loops(model.embed(xb), n_loop):
             logp = readout_logp(model, h, k)                              # (B, T, V)
             rows[0].append(-logp.gather(-1, yb.unsqueeze(-1)).squeeze(-1))
             rows[1].append(logp.max(-1).values.exp())
@@ -59,85 +68,176 @@ def per_token_depth_stats(model, x, y, n_loop, batch_size=32):
     return [torch.cat(a).numpy() for a in (ce, pmax, kl)]
 
 
-def exit_depths(kind, threshold, pmax, kl, K):
-    """The loop (1..K) at which each token exits under a rule; K where the rule never passes."""
-    passes = pmax[:, :K] >= threshold if kind == 'confidence' else kl[:, :K] <= threshold  # same rule as exit_passes
-    passes[:, K - 1] = True
-    return passes.argmax(axis=1) + 1
+def exit_depths(rule, threshold, pmax, kl, K):
+    """The loop (1..K) at which each token exits under a rule (looped.exit_passes, on precomputed signals):
+    the first loop whose top probability reaches the threshold ('confidence'), or whose KL to the previous
+    loop falls to it ('kl'); K where the rule never passes. pmax, kl: (tokens, >= K). Returns (tokens,) ints."""
+    passes = pmax[:, :K] >= threshold if rule == 'confidence' else kl[:, :K] <= threshold
+    passes[:, K - 1] = True  # the last loop always answers
+    return passes.argmax(axis=1) + 1  # argmax finds the first True
 
 
-def calibrate_exit(kind, ce, pmax, kl, K, tolerance=0.01):
-    """The threshold with the fewest mean loops whose perplexity stays within (1 + tolerance) of depth K.
-    Returns (threshold, mean loops, perplexity)."""
-    signal = pmax[:, :K] if kind == 'confidence' else kl[:, 1:K]
+def calibrate_exit(rule, ce, pmax, kl, K, tolerance=0.01):
+    """The threshold with the fewest mean loops whose perplexity stays within (1 + tolerance) of depth K's,
+    searched over quantiles of the rule's signal. ce, pmax, kl: (tokens, >= K).
+    Returns (threshold, mean loops, perplexity); a threshold that never exits early when nothing qualifies."""
+    signal = pmax[:, :K] if rule == 'confidence' else kl[:, 1:K]
     candidates = np.unique(np.quantile(signal, np.linspace(0, 1, 201)))
     full = math.exp(ce[:, K - 1].mean())
-    best = (math.inf if kind == 'confidence' else -math.inf, float(K), full)  # never exit early
+    best = (math.inf if rule == 'confidence' else -math.inf, float(K), full)  # never exit early
     for t in candidates:
-        d = exit_depths(kind, t, pmax, kl, K)
+        d = exit_depths(rule, t, pmax, kl, K)
         ppl = math.exp(ce[np.arange(len(d)), d - 1].mean())
         if ppl <= full * (1 + tolerance) and d.mean() < best[1]:
             best = (float(t), float(d.mean()), ppl)
     return best
 
 
+# ---- the scale mechanism ----
+
 def scale_sensitivity(model, x, y, K, scales=SCALES):
     """Loss at every loop when h_k is multiplied by a before the readout (the recurrence is untouched).
     (K, len(scales)) array."""
     out = np.zeros((K, len(scales)))
     with torch.no_grad():
-        h = model.embed(x)
-        for k in range(1, K + 1):
-            h = model.loop_step(h)
+        for k, h in model.loops(model.embed(x), K):
             for j, a in enumerate(scales):
                 out[k - 1, j] = F.nll_loss(readout_logp(model, a * h, k).flatten(0, 1), y.flatten()).item()
     return out
 
 
+def rmsnorm_radial_grad(h, grad_y, weight, eps):
+    """<dL/dh, h> per token for y = weight * h / sqrt(mean(h^2) + eps), in closed form, given dL/dy.
+    With r^2 = mean(h^2) + eps and S = sum(weight * grad_y * h):
+        dL/dh = weight * grad_y / r - h * S / (d * r^3),   so   <dL/dh, h> = (S / r) * eps / r^2,
+    zero but for eps: an RMSNorm readout never pushes on the scale of h. h, grad_y: (..., d). Returns (...)."""
+    r2 = h.pow(2).mean(-1) + eps
+    S = (weight * grad_y * h).sum(-1)
+    return S / r2.sqrt() * eps / r2
+
+
 def radial_gradient(model, x, y, K):
     """Mean over tokens of |<g, h_k>| / (||g|| ||h_k||) at every loop, for g = the gradient of loop k's own
-    cross-entropy (through its readout only) and g = the gradient of the training objective. (K, 2) array."""
-    states, ces = [], []
-    h = model.embed(x)
-    for k in range(1, K + 1):
-        h = model.loop_step(h)
+    cross-entropy (through its readout only) and g = the gradient of the training objective; for loops read out
+    through an RMSNorm a third column gives the first from the closed form (rmsnorm_radial_grad), else nan.
+    (K, 3) array."""
+    states, ces, normed = [], [], []
+    for k, h in model.loops(model.embed(x), K):
+        y_k = model.readout(h, k)
         states.append(h)
-        ces.append(F.nll_loss(readout_logp(model, h, k).flatten(0, 1), y.flatten()))
-    objective = torch.stack(ces).mean() if model.config.supervision == 'per_loop' else ces[-1]
+        normed.append(y_k)
+        ces.append(F.nll_loss(F.log_softmax(model.lm_head(y_k).float(), -1).flatten(0, 1), y.flatten()))
+    objective = model.supervision_loss(ces)
     if model.config.norm_penalty > 0:
-        objective = objective + model.config.norm_penalty * torch.stack([s.pow(2).mean() for s in states]).mean()
-    direct = [torch.autograd.grad(ce, s, retain_graph=True)[0] for ce, s in zip(ces, states)]
+        objective = objective + model.norm_penalty(states)
+    direct = [torch.autograd.grad(ce, [s, n], retain_graph=True) for ce, s, n in zip(ces, states, normed)]
     total = torch.autograd.grad(objective, states)
     frac = lambda g, s: (F.cosine_similarity(g, s.detach(), dim=-1).abs()).mean().item()
-    return np.array([[frac(d, s), frac(t, s)] for d, t, s in zip(direct, total, states)])
+    rows = []
+    for k, ((g_h, g_y), g_total, s) in enumerate(zip(direct, total, states), 1):
+        closed = math.nan
+        norm = model.readout.norm
+        if model.readout.kind in ('rmsnorm', 'final_norm') and (model.readout.kind == 'rmsnorm' or k >= K):
+            radial = rmsnorm_radial_grad(s.detach(), g_y, norm.weight.detach(), norm.eps)
+            closed = (radial.abs() / (g_h.norm(dim=-1) * s.detach().norm(dim=-1))).mean().item()
+        rows.append([frac(g_h, s), frac(g_total, s), closed])
+    return np.array(rows)
+
+
+def clamp(mode):
+    """An intervene(k, h_in, h_k) for LoopedGPT.loops that takes the radial part out of each loop's update:
+    'freeze' rescales every loop after the first to the per-token norm it started from (so all keep loop 1's);
+    'remove_radial' subtracts from each update delta = h_k - h_in its component a * u along u = h_in / RMS(h_in),
+    a = mean(u * delta) per token; 'none' changes nothing."""
+    def freeze(k, h_in, h):
+        return h if k == 1 else h * (h_in.norm(dim=-1, keepdim=True) / h.norm(dim=-1, keepdim=True))
+
+    def remove_radial(k, h_in, h):
+        u = h_in / rms(h_in)                                          # (B, T, C), with |u|^2 = d
+        a = (u * (h - h_in)).mean(-1, keepdim=True)                   # (B, T, 1): <u, delta> / d
+        return h - a * u
+    return {'none': None, 'freeze': freeze, 'remove_radial': remove_radial}[mode]
 
 
 @torch.no_grad()
-def update_split(model, x, K, clamp=False):
-    """Per loop: mean radial increment ||h_k|| - ||h_{k-1}|| and mean angle between h_{k-1} and h_k (degrees),
-    from h_0 = the embedding. With clamp=True every loop after the first is rescaled to the norm it started
-    from (its radial change removed) before it moves on. Returns ((K, 2) array, the states h_1..h_K)."""
-    h, rows, states = model.embed(x), [], []
-    for k in range(1, K + 1):
-        h_new = model.loop_step(h)
-        if clamp and k > 1:
-            h_new = h_new * (h.norm(dim=-1, keepdim=True) / h_new.norm(dim=-1, keepdim=True))
-        u, v = F.normalize(h, dim=-1), F.normalize(h_new, dim=-1)
+def update_split(model, x, K, mode='none'):
+    """Per loop: mean radial increment ||h_k|| - ||h_in|| and mean angle between h_in and h_k (degrees), where
+    h_in is what the pass started from (h_{k-1}, or its RMSNorm under 'normed' recurrence), with a radial clamp
+    applied (see clamp). Returns ((K, 2) array, the states h_1..h_K)."""
+    rows, states, inputs = [], [], []
+    fn = clamp(mode)
+
+    def record(k, h_in, h):
+        h = h if fn is None else fn(k, h_in, h)
+        inputs.append(h_in)
+        return h
+    for k, h in model.loops(model.embed(x), K, intervene=record):
+        h_in = inputs[-1]
+        u, v = F.normalize(h_in, dim=-1), F.normalize(h, dim=-1)
         angle = 2 * torch.atan2((u - v).norm(dim=-1), (u + v).norm(dim=-1))  # acos(<u, v>), accurate near 0
-        rows.append([(h_new.norm(dim=-1) - h.norm(dim=-1)).mean().item(), torch.rad2deg(angle).mean().item()])
-        states.append(h_new)
-        h = h_new
+        rows.append([(h.norm(dim=-1) - h_in.norm(dim=-1)).mean().item(), torch.rad2deg(angle).mean().item()])
+        states.append(h)
     return np.array(rows), states
 
 
+@torch.no_grad()
 def clamp_perplexity(model, x, y, K):
-    """Depth-K perplexity as trained and with every loop's radial change removed (see update_split)."""
-    out = []
-    for clamp in (False, True):
-        _, states = update_split(model, x, K, clamp)
-        with torch.no_grad():
-            out.append(math.exp(F.nll_loss(readout_logp(model, states[-1], K).flatten(0, 1), y.flatten()).item()))
+    """Depth-K perplexity as trained and under each radial clamp: {mode: perplexity}."""
+    out = {}
+    for mode in CLAMPS:
+        _, states = update_split(model, x, K, mode)
+        out[mode] = math.exp(F.nll_loss(readout_logp(model, states[-1], K).flatten(0, 1), y.flatten()).item())
     return out
+
+
+@torch.no_grad()
+def lemma_check(model, x, n_loop=30):
+    """The paper's lemma, measured: run n_loop loops (far past K) and record per loop, as means over tokens,
+    s_k = RMS(h_k), the radial increment a = mean(u * delta) with u = h_in / RMS(h_in) and delta = h_k - h_in,
+    the angle between h_in and h_k (degrees), and ||u_k - u_in|| * s_k with u = h / RMS(h): the size of the
+    step across the direction. If the step stays about the same size while s grows, the turn shrinks like 1/s.
+    Returns an (n_loop, 4) array: s_k, a, angle, ||delta u|| * s_k."""
+    rows, inputs = [], []
+
+    def record(k, h_in, h):  # keeps what each pass started from, changes nothing
+        inputs.append(h_in)
+        return h
+    for k, h in model.loops(model.embed(x), n_loop, intervene=record):
+        h_in = inputs[-1]
+        u_in, u = h_in / rms(h_in), h / rms(h)
+        a = (u_in * (h - h_in)).mean(-1)
+        cos = F.cosine_similarity(h_in, h, dim=-1).clamp(-1, 1)
+        s = rms(h).squeeze(-1)
+        rows.append([s.mean().item(), a.mean().item(), torch.rad2deg(torch.acos(cos)).mean().item(),
+                     ((u - u_in).norm(dim=-1) * s).mean().item()])
+    return np.array(rows)
+
+
+def plot_lemma(table, K, title, path):
+    """Two panels against loop k: the scale s_k with the step size, and the angle with 1/s_k scaled to fit."""
+    import matplotlib
+    matplotlib.use('Agg')  # files only; no display needed
+    import matplotlib.pyplot as plt
+    k = np.arange(1, len(table) + 1)
+    s, angle, step = table[:, 0], table[:, 2], table[:, 3]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    left.plot(k, s, 'o-', color='#0072B2', ms=3, label='scale $s_k$ = RMS($h_k$)')
+    left.plot(k, step, 's--', color='#D55E00', ms=3, label=r'step across: $\|\Delta u\| \cdot s_k$')
+    left.set(xlabel='loop k', ylabel='RMS units', yscale='log', title='the scale grows, the step does not')
+    right.plot(k, angle, 'o-', color='#000000', ms=3, label='angle turned by loop k')
+    fit = np.median(angle[1:] * s[1:]) / s  # the best c / s_k through the later loops
+    right.plot(k, fit, ':', color='#009E73', label=r'$c / s_k$')
+    right.set(xlabel='loop k', ylabel='degrees', yscale='log', title='so the turn shrinks like 1 / s')
+    for ax in (left, right):
+        ax.axvline(K, color='grey', lw=0.8)
+        ax.grid(True, which='both', alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path
 
 
 def val_tokens(ckpt):
@@ -153,10 +253,12 @@ def get_parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.error = lambda msg: sys.exit(f"diagnose.py: error: {msg}")
     p.add_argument('--out_dir', default='out/laptop', help='the run folder that holds ckpt.pt')
-    p.add_argument('--only', default='all', choices=['all', 'depth', 'exit', 'scale'])
+    p.add_argument('--only', default='all', choices=['all', 'depth', 'exit', 'scale', 'lemma'])
     p.add_argument('--max_windows', type=int, default=None, help='cap on validation windows for depth and exit')
     p.add_argument('--diag_windows', type=int, default=32, help='validation windows for the scale diagnostics')
-    p.add_argument('--device', default='cpu')
+    p.add_argument('--lemma_loops', type=int, default=30, help='loops run by the lemma check')
+    p.add_argument('--fig', default=None, help='where the lemma figure goes (default: <out_dir>/lemma.png)')
+    p.add_argument('--device', default='auto', help='auto, cpu, cuda or mps')
     return p
 
 
@@ -164,46 +266,57 @@ def main(argv=None):
     p = get_parser()
     args = p.parse_args(argv)
     try:
-        model, ckpt = load_model(args.out_dir, args.device)
+        model, ckpt = LoopedGPT.from_checkpoint(args.out_dir, resolve_device(args.device).device)
         tokens = val_tokens(ckpt)
     except (ValueError, OSError) as e:
         sys.exit(f"diagnose.py: error: {e}")
+    device = next(model.parameters()).device
     c = model.config
     K = c.n_loop
     print(f"{args.out_dir} at step {ckpt['step']}: {c.supervision} + {c.readout}, {c.recurrence} recurrence, "
-          f"norm_penalty {c.norm_penalty:g}, K={K}")
+          f"norm_penalty {c.norm_penalty:g}, K={K}, on {device}")
 
     if args.only in ('all', 'depth', 'exit'):
         x, y = windows(tokens, c.block_size, args.max_windows)
-        ce, pmax, kl = per_token_depth_stats(model, x, y, 2 * K)
+        ce, pmax, kl = per_token_depth_stats(model, x.to(device), y.to(device), 2 * K)
         print(f"\nperplexity by exit depth ({ce.shape[0]:,} validation tokens, each counted once)")
         print(fmt_row('depth', range(1, 2 * K + 1), '8d'))
         print(fmt_row('ppl', np.exp(ce.mean(0))))
         if args.only != 'depth':
             print(f"\nearly exit: the threshold with the fewest mean loops whose perplexity is within 1% of depth {K}")
-            for kind in EXITS:
-                t, depth, ppl = calibrate_exit(kind, ce, pmax, kl, K)
-                print(f"{kind:>10}: threshold {t:.4g}, mean loops {depth:.2f} of {K}, perplexity {ppl:.3f} "
+            for rule in EXITS:
+                t, depth, ppl = calibrate_exit(rule, ce, pmax, kl, K)
+                print(f"{rule:>10}: threshold {t:.4g}, mean loops {depth:.2f} of {K}, perplexity {ppl:.3f} "
                       f"(depth {K}: {math.exp(ce[:, K - 1].mean()):.3f})")
 
+    x, y = (t.to(device) for t in windows(tokens, c.block_size, args.diag_windows))
     if args.only in ('all', 'scale'):
-        x, y = windows(tokens, c.block_size, args.diag_windows)
         print(f"\nscale sensitivity: validation loss when h_k is multiplied by a before the readout ({len(x)} windows)")
         print(fmt_row('a =', SCALES, '8g'))
         for k, row in enumerate(scale_sensitivity(model, x, y, K), 1):
             print(fmt_row(f"loop {k}", row))
-        print("\nradial gradient fraction |<g, h_k>| / (|g| |h_k|), mean over tokens")
-        print(f"{'':>10} {'own CE':>8} {'training':>8}")
+        print("\nradial gradient fraction |<g, h_k>| / (|g| |h_k|), mean over tokens (closed form: RMSNorm readouts)")
+        print(f"{'':>10} {'own CE':>8} {'training':>8} {'closed':>8}")
         for k, row in enumerate(radial_gradient(model, x, y, K), 1):
             print(fmt_row(f"loop {k}", row, '8.2e'))
         split, states = update_split(model, x, K)
-        print("\nper-loop update: radial increment ||h_k|| - ||h_{k-1}|| and angular step (degrees)")
+        print("\nper-loop update from the state the pass starts from: radial increment and angle (degrees)")
         print(f"{'':>10} {'||h_k||':>8} {'radial':>8} {'angle':>8}")
         for k, (row, h) in enumerate(zip(split, states), 1):
             print(fmt_row(f"loop {k}", [h.norm(dim=-1).mean().item(), *row], '8.2f'))
-        before, after = clamp_perplexity(model, x, y, K)
-        print(f"\nradial clamp (loops 2..{K} keep the norm they start from): depth-{K} perplexity "
-              f"{before:.3f} as trained, {after:.3f} clamped")
+        ppl = clamp_perplexity(model, x, y, K)
+        print(f"\nradial clamps: depth-{K} perplexity {ppl['none']:.3f} as trained, {ppl['freeze']:.3f} with every "
+              f"loop frozen at loop 1's norm, {ppl['remove_radial']:.3f} with the radial part of every update removed")
+
+    if args.only in ('all', 'lemma'):
+        table = lemma_check(model, x, args.lemma_loops)
+        print(f"\nlemma check over {args.lemma_loops} loops (trained K={K}; means over tokens, RMS units)")
+        print(f"{'':>10} {'s_k':>8} {'radial':>8} {'angle':>8} {'|du|*s':>8}")
+        for k, row in enumerate(table, 1):
+            print(fmt_row(f"loop {k}", row, '8.3f'))
+        path = plot_lemma(table, K, f"{args.out_dir} ({c.supervision} + {c.readout}, {c.recurrence}), step {ckpt['step']}",
+                          args.fig or os.path.join(args.out_dir, 'lemma.png'))
+        print(f"wrote {path}")
 
 
 if __name__ == '__main__':

@@ -11,29 +11,38 @@ carrying and growing it. The variants below are the knobs that expose or remove 
     readout      rmsnorm | layernorm   scale-invariant: the loss cannot see ||h||
                  raw                   no norm: the head sees the scale, so the loss controls it
                  final_norm            raw at loops 1..K-1, RMSNorm at loop K
-    recurrence   residual              h_k = Stack(h_{k-1}): the scale is carried from loop to loop
-                 normed                h_k = RMSNorm(Stack(h_{k-1})): the carried state has no free scale
+                 alpha                 s_ref^(1-alpha) * s^alpha * h/s with s = RMS(h): alpha=0 invariant, 1 raw
+    recurrence   residual              loop k+1 starts from h_k: the scale is carried from loop to loop
+                 normed                loop k+1 starts from RMSNorm(h_k): the scale is not carried over
     supervision  per_loop | terminal   mean of the K cross-entropies, or the last one only
     norm_penalty lambda                adds lambda * mean_k mean(h_k^2)
 
-Importing this file has no side effects; train.py and sample.py drive it.
+In every variant h_k is the output of pass k before any inter-loop norm: it is what is read out, penalized
+and logged (LoopedGPT.loops is the one place that runs the passes).
+
+Importing this file has no side effects. Besides the model it holds the two things every script needs:
+loading a checkpoint (LoopedGPT.from_checkpoint) and choosing the device (resolve_device).
 """
 
 import math
+import os
+from contextlib import nullcontext
 from dataclasses import dataclass, asdict
+from typing import Optional
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
-# The allowed values of every variant field; train.py uses these as argparse choices.
-READOUTS = ('rmsnorm', 'layernorm', 'raw', 'final_norm')
+# The allowed values of every variant field; the scripts use these as argparse choices.
+READOUTS = ('rmsnorm', 'layernorm', 'raw', 'final_norm', 'alpha')
 RECURRENCES = ('residual', 'normed')
 SUPERVISIONS = ('per_loop', 'terminal')
 INITS = ('paper', 'gpt2')
 MLPS = ('swiglu', 'gelu')
 ATTENTIONS = ('sdpa', 'manual')
+EXITS = ('confidence', 'kl')  # early-exit rules at inference, see exit_passes
 
 
 @dataclass
@@ -46,12 +55,13 @@ class LoopedConfig:
     n_loop: int = 4             # K: how many times the stack is applied (unrolled depth = n_layer * K)
     dropout: float = 0.0        # the paper uses 0.1; 0 on tiny CPU runs, where it only slows learning
     readout: str = 'rmsnorm'    # how h_k is turned into the LM head's input; see READOUTS above
-    recurrence: str = 'residual'  # what carries h from one loop to the next; see RECURRENCES above
+    alpha: Optional[float] = None  # readout='alpha' only: None learns alpha, a number in [0, 1] fixes it
+    recurrence: str = 'residual'  # what the next loop starts from; see RECURRENCES above
     supervision: str = 'per_loop'  # which loops' cross-entropies enter the loss
     norm_penalty: float = 0.0   # lambda in lambda * mean_k mean(h_k^2); the paper uses 0.01
     init: str = 'paper'         # 'paper': the authors' PyTorch-default recipe; 'gpt2': nanoGPT's; see _init_weights
     mlp: str = 'swiglu'         # SwiGLU (the paper) or GELU (GPT-2), both with hidden width 4d
-    tie_weights: bool = None    # LM head shares the token embedding; None means: tied for 'paper', untied for 'gpt2'
+    tie_weights: Optional[bool] = None  # LM head shares the token embedding; None: tied for 'paper', untied for 'gpt2'
     attention: str = 'sdpa'     # 'sdpa' (fused / flash kernels) or 'manual' (the same math, spelled out)
     norm_eps: float = 1e-6      # epsilon of every RMSNorm, as in the authors' release
 
@@ -71,6 +81,10 @@ class LoopedConfig:
             raise ValueError(f"dropout={self.dropout} must be in [0, 1)")
         if not (self.norm_penalty >= 0.0 and math.isfinite(self.norm_penalty)):
             raise ValueError(f"norm_penalty={self.norm_penalty} must be a finite number >= 0")
+        if self.alpha is not None and not 0.0 <= self.alpha <= 1.0:
+            raise ValueError(f"alpha={self.alpha} must be in [0, 1] (or unset, to learn it)")
+        if self.alpha is not None and self.readout != 'alpha':
+            raise ValueError(f"alpha={self.alpha} is only used by readout='alpha', not {self.readout!r}")
 
     def to_dict(self):
         return asdict(self)
@@ -85,9 +99,11 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
-        # compute in fp32 so that huge hidden states (norms in the thousands) do not overflow under bf16
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+        """x (..., C) -> weight * x / sqrt(mean(x^2 over C) + eps), returned in the dtype of x."""
+        # at least fp32 (bf16 and fp16 inputs are upcast) so that huge hidden states (norms in the thousands) keep
+        # their precision and do not overflow
+        xf = x.to(torch.promote_types(x.dtype, torch.float32))
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight).type_as(x)
 
 
 class CausalSelfAttention(nn.Module):
@@ -157,6 +173,33 @@ class Block(nn.Module):
         return x
 
 
+class AlphaNorm(nn.Module):
+    """The alpha readout, a continuum between a scale-invariant and a raw readout. Per token write
+    h = s * u with s = RMS(h) (clamped at eps) and u = h / s; the output is s_ref^(1 - alpha) * s^alpha * u.
+    alpha = 1 gives h itself (raw), alpha = 0 gives s_ref * u (scale-invariant, like RMSNorm without a gain).
+    alpha = sigmoid(logit) is learned from 0.5 unless fixed; log s_ref is learned too (an EMA of the batch's
+    log s, the other option, let alpha collapse to 0 under terminal cross-entropy)."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.eps = config.norm_eps
+        self.fixed_alpha = config.alpha
+        self.alpha_logit = nn.Parameter(torch.zeros(())) if config.alpha is None else None  # sigmoid(0) = 0.5
+        self.log_s_ref = nn.Parameter(torch.zeros(()))                # s_ref = 1 at the start
+
+    def alpha(self):
+        if self.fixed_alpha is not None:
+            return torch.tensor(float(self.fixed_alpha), device=self.log_s_ref.device)
+        return torch.sigmoid(self.alpha_logit)
+
+    def forward(self, h):
+        """h (..., C) -> s_ref^(1 - alpha) * s^alpha * h / s per token, s = RMS(h) clamped at eps, in h's dtype."""
+        hf = h.to(torch.promote_types(h.dtype, torch.float32))       # at least fp32, as in RMSNorm
+        s = hf.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(self.eps)  # (..., 1): per-token RMS
+        # s_ref^(1-a) * s^a * h / s == h * (s_ref / s)^(1-a); written this way alpha = 1 returns h exactly
+        return (hf * torch.exp((1 - self.alpha()) * (self.log_s_ref - s.log()))).type_as(h)
+
+
 class Readout(nn.Module):
     """What the LM head sees of h_k at loop k (1-indexed)."""
 
@@ -168,13 +211,16 @@ class Readout(nn.Module):
             self.norm = nn.LayerNorm(config.n_embd, eps=config.norm_eps, bias=False)
         elif self.kind in ('rmsnorm', 'final_norm'):
             self.norm = RMSNorm(config.n_embd, config.norm_eps)
+        elif self.kind == 'alpha':
+            self.norm = AlphaNorm(config)
         else:  # raw
-            self.norm = None
+            self.norm = nn.Identity()
 
     def forward(self, h, k):
-        # final_norm: raw readouts where the model was trained to exit early (k < K), RMSNorm at the trained
-        # depth K and, by the same rule, at any extrapolated depth beyond it
-        if self.norm is None or (self.kind == 'final_norm' and k < self.n_loop):
+        """The LM head's input for h_k (..., C) at loop k: self.norm(h), except that 'final_norm' reads out raw
+        where the model was trained to exit early (k < K) and normalizes at the trained depth K and, by the same
+        rule, at any extrapolated depth beyond it. ('raw' has an identity for its norm.)"""
+        if self.kind == 'final_norm' and k < self.n_loop:
             return h
         return self.norm(h)
 
@@ -188,7 +234,7 @@ class LoopedGPT(nn.Module):
         self.wpe = nn.Embedding(config.block_size, config.n_embd)
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList([Block(config) for _ in range(config.n_layer)])  # the ONE shared stack
-        # inter-loop normalization: closes every pass, so each loop starts from (and passes on) a normalized state
+        # inter-loop normalization: what pass k produced is normalized before pass k + 1 starts from it
         self.inter_norm = RMSNorm(config.n_embd, config.norm_eps) if config.recurrence == 'normed' else None
         self.readout = Readout(config)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
@@ -209,14 +255,25 @@ class LoopedGPT(nn.Module):
         depth = self.config.n_layer * self.config.n_loop
         for name, p in self.named_parameters():
             if p.dim() < 2:
-                continue  # norm gains stay at 1
+                continue  # norm gains stay at 1, the alpha readout's scalars at their own start
             std = 0.02 / math.sqrt(2 * depth) if name.endswith('c_proj.weight') else 0.02
             nn.init.normal_(p, mean=0.0, std=std)
+
+    @classmethod
+    def from_checkpoint(cls, path, device='cpu'):
+        """(model in eval mode on device, checkpoint dict) from a ckpt.pt or a run folder that holds one.
+        ValueError with a one-line message when it is missing or unreadable."""
+        ckpt = load_checkpoint(os.path.join(path, 'ckpt.pt') if os.path.isdir(path) else path, device)
+        model = cls(LoopedConfig(**ckpt['config']))
+        model.load_state_dict(ckpt['model'])
+        return model.to(device).eval(), ckpt
 
     def num_params(self):
         """Unique parameters: the shared stack counts once however many times it is looped (and a tied
         head counts once), because parameters() yields each tensor once."""
         return sum(p.numel() for p in self.parameters())
+
+    # ---- the forward pass, in the order it runs: embed, loops (loop_step, inter-loop norm), readout, loss ----
 
     def embed(self, idx):
         """h_0: token plus learned position embedding, (B, T) -> (B, T, C)."""
@@ -224,65 +281,89 @@ class LoopedGPT(nn.Module):
         return self.drop(self.wte(idx) + self.wpe(pos))
 
     def loop_step(self, h):
-        """h_{k-1} -> h_k: one pass through the shared stack. With 'normed' recurrence the pass ends in an
-        RMSNorm: the state handed to the next loop, and read out, has norm ~ sqrt(d) * gain whatever scale the
-        pass produced."""
+        """One pass through the shared stack, (B, T, C) -> (B, T, C)."""
         for block in self.blocks:
             h = block(h)
-        if self.inter_norm is not None:
-            h = self.inter_norm(h)
         return h
 
-    def readout_loss(self, h, targets, k, return_logits=False):
-        """Cross-entropy of loop k's readout of h (B, T, C) against targets (B, T); optionally the logits too."""
-        logits = self.lm_head(self.readout(h, k))                     # (B, T, V)
-        ce = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
-        return (ce, logits) if return_logits else ce
+    def loops(self, h, n_loop, intervene=None):
+        """The recurrence, the one place it is written: yields (k, h_k) for k = 1..n_loop, starting from h = h_0.
+        h_k is pass k's output before any inter-loop norm: what is read out, penalized and logged. With 'normed'
+        recurrence pass k + 1 starts from RMSNorm(h_k) (so there is no norm before pass 1, and after the last
+        pass it changes nothing); with 'residual' it starts from h_k itself, scale and all. intervene(k, h_in,
+        h_k) -> h_k, if given, may change each pass's output before it is used (diagnose.py's radial clamps)."""
+        for k in range(1, n_loop + 1):
+            h_in = h
+            h = self.loop_step(h_in)                                  # (B, T, C)
+            if intervene is not None:
+                h = intervene(k, h_in, h)
+            yield k, h
+            if self.inter_norm is not None:
+                h = self.inter_norm(h)
+
+    def readout_logits(self, h, k):
+        """Loop k's prediction from h_k: (..., C) -> (..., V)."""
+        return self.lm_head(self.readout(h, k))
+
+    def readout_loss(self, h, targets, k):
+        """Cross-entropy of loop k's readout of h (B, T, C) against targets (B, T); a scalar."""
+        logits = self.readout_logits(h, k)                            # (B, T, V)
+        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1)
+
+    def supervision_loss(self, ces):
+        """The training loss from the per-loop cross-entropies ces[k-1], k = 1..K (scalars): their mean under
+        per-loop ("dense") supervision, the last one alone under terminal supervision."""
+        if self.config.supervision == 'per_loop':
+            return torch.stack(ces).mean()
+        return ces[-1]
+
+    def norm_penalty(self, states):
+        """lambda * mean over loops of mean(h_k^2), on the states h_1..h_K that loops() yields (before any
+        inter-loop norm, as in the paper). Its gradient, 2 * lambda * h_k / (K * h_k.numel()), is purely radial."""
+        return self.config.norm_penalty * torch.stack([h.float().pow(2).mean() for h in states]).mean()
 
     def forward(self, idx, targets=None, n_loop=None):
         """idx, targets: (B, T) token ids. n_loop defaults to the trained K and may exceed it.
         Returns (logits, loss, stats):
           logits  (B, T, V) at the last loop when targets are given, else (B, 1, V) for the last position
           loss    the training objective (None without targets)
-          stats   {'hidden_norm': (n_loop,) mean over tokens of ||h_k||_2, before the readout's normalization
-                                  (for 'normed' recurrence h_k is the normalized state passed to the next loop),
+          stats   {'hidden_norm': (n_loop,) mean over tokens of ||h_k||_2, before any normalization,
                    'ce': (n_loop,) cross-entropy of the readout at every loop, or None without targets}
         """
         B, T = idx.shape
         K = n_loop or self.config.n_loop
         if T > self.config.block_size:
             raise ValueError(f"sequence of length {T} is longer than block_size={self.config.block_size}")
-        h = self.embed(idx)                                           # (B, T, C)
-
-        norms, ces, losses, penalty = [], [], [], 0.0
-        for k in range(1, K + 1):
-            h = self.loop_step(h)                                     # (B, T, C): h_k
+        grad = torch.is_grad_enabled()
+        norms, ces, states = [], [], []
+        for k, h in self.loops(self.embed(idx), K):                   # h: (B, T, C)
             norms.append(h.detach().float().norm(dim=-1).mean())
             if self.config.norm_penalty > 0:
-                penalty = penalty + h.float().pow(2).mean()
+                states.append(h)
             if targets is None:
                 continue
-            # Every loop is decoded for the statistics; only supervised loops get a gradient (the others are
-            # decoded under no_grad, so they keep no activations for the backward pass).
+            # Every loop is decoded for the statistics; loops without a loss are decoded under no_grad, so they
+            # keep no activations for the backward pass.
             supervised = self.config.supervision == 'per_loop' or k == K
-            if supervised and k < K and torch.is_grad_enabled():
+            if k == K:  # the last loop's logits are also returned
+                with torch.set_grad_enabled(grad and supervised):
+                    logits = self.readout_logits(h, k)                # (B, T, V)
+                    ce = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1)
+            elif supervised and grad:
                 # Per-loop readouts before the last are checkpointed: backward recomputes their (B, T, V) logits
                 # instead of keeping K copies alive, so per-loop supervision costs about the memory of terminal.
                 ce = checkpoint(self.readout_loss, h, targets, k, use_reentrant=False)
             else:
-                with torch.set_grad_enabled(torch.is_grad_enabled() and supervised):
-                    ce, logits = self.readout_loss(h, targets, k, return_logits=True)
-            ces.append(ce.detach())
-            if supervised:
-                losses.append(ce)
+                with torch.no_grad():
+                    ce = self.readout_loss(h, targets, k)
+            ces.append(ce)
 
-        stats = {'hidden_norm': torch.stack(norms), 'ce': torch.stack(ces) if ces else None}
+        stats = {'hidden_norm': torch.stack(norms), 'ce': torch.stack([c.detach() for c in ces]) if ces else None}
         if targets is None:
-            logits = self.lm_head(self.readout(h[:, [-1], :], K))     # (B, 1, V): only the next token is needed
-            return logits, None, stats
-        loss = torch.stack(losses).mean()
+            return self.readout_logits(h[:, [-1], :], K), None, stats  # (B, 1, V): only the next token is needed
+        loss = self.supervision_loss(ces)
         if self.config.norm_penalty > 0:
-            loss = loss + self.config.norm_penalty * penalty / K
+            loss = loss + self.norm_penalty(states)
         return logits, loss, stats
 
     def flops_per_token(self, n_loop=None):
@@ -293,7 +374,7 @@ class LoopedGPT(nn.Module):
         K = n_loop or c.n_loop
         n_stack = sum(p.numel() for p in self.blocks.parameters())
         n_embed = self.wte.weight.numel() + self.wpe.weight.numel() + (0 if c.tie_weights else self.lm_head.weight.numel())
-        n_other = self.num_params() - n_stack - n_embed               # readout and inter-loop norm gains
+        n_other = self.num_params() - n_stack - n_embed               # readout and inter-loop norm parameters
         readouts = K if c.supervision == 'per_loop' else 1
         return 6 * (K * n_stack + n_other) + 6 * readouts * c.vocab_size * c.n_embd + 12 * K * c.n_layer * c.n_embd * c.block_size
 
@@ -309,24 +390,23 @@ class LoopedGPT(nn.Module):
         return torch.optim.AdamW(groups, lr=learning_rate, fused=(device_type == 'cuda'))
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, n_loop=None, exit=None, exit_threshold=None):
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, n_loop=None, exit_rule=None,
+                 exit_threshold=None):
         """Append max_new_tokens sampled tokens to idx (B, T). Each token runs up to n_loop loops; with an exit
-        rule ('confidence' or 'kl', see exit_passes) it stops at the first loop whose last-position readout passes
-        the threshold (for the whole batch at once). Returns (idx, loops used per generated token)."""
+        rule (see exit_passes) it stops at the first loop whose last-position readout passes the threshold (for
+        the whole batch at once). Returns (idx, loops used per generated token)."""
         K = n_loop or self.config.n_loop
         loops_used = []
         for _ in range(max_new_tokens):
             idx_cond = idx[:, -self.config.block_size:]               # crop to the context the model knows
-            h, logp_prev = self.embed(idx_cond), None
-            for k in range(1, K + 1):
-                h = self.loop_step(h)                                 # (B, T, C)
-                logits = self.lm_head(self.readout(h[:, -1, :], k))    # (B, V): only the next token is needed
-                logp = F.log_softmax(logits.float(), dim=-1)
-                if exit is not None and exit_passes(exit, exit_threshold, logp, logp_prev).all():
+            logp_prev = None
+            for k, h in self.loops(self.embed(idx_cond), K):
+                logp = F.log_softmax(self.readout_logits(h[:, -1, :], k).float(), dim=-1)  # (B, V): next token only
+                if exit_rule is not None and exit_passes(exit_rule, exit_threshold, logp, logp_prev).all():
                     break
                 logp_prev = logp
             loops_used.append(k)
-            logits = logits / max(temperature, 1e-8)
+            logits = logp / max(temperature, 1e-8)                    # log-probabilities are logits up to a shift
             if top_k is not None:
                 v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
                 logits[logits < v[:, [-1]]] = float('-inf')
@@ -335,15 +415,67 @@ class LoopedGPT(nn.Module):
         return idx, loops_used
 
 
-EXITS = ('confidence', 'kl')
-
-
-def exit_passes(kind, threshold, logp, logp_prev):
+def exit_passes(rule, threshold, logp, logp_prev):
     """Early-exit rule on one loop's log-probabilities (..., V): 'confidence' passes when the top probability
     reaches the threshold; 'kl' when KL(p_k || p_{k-1}) falls to the threshold or below (so never at loop 1:
     there is nothing to compare with). Returns a bool tensor of shape (...)."""
-    if kind == 'confidence':
+    if rule == 'confidence':
         return logp.max(dim=-1).values.exp() >= threshold
     if logp_prev is None:
         return torch.zeros(logp.shape[:-1], dtype=torch.bool, device=logp.device)
     return (logp.exp() * (logp - logp_prev)).sum(dim=-1) <= threshold
+
+
+# ---- running it: checkpoints and devices, shared by every script ----
+
+def load_checkpoint(path, device='cpu'):
+    """The checkpoint dict that train.py saved; ValueError with a one-line message when it is missing or
+    unreadable (the file itself is never touched)."""
+    if not os.path.exists(path):
+        raise ValueError(f"no checkpoint at {path}")
+    try:
+        ckpt = torch.load(path, map_location=device, weights_only=False)
+        missing = {'model', 'config', 'step'} - set(ckpt)
+    except Exception as e:
+        raise ValueError(f"checkpoint {path} is unreadable (truncated or corrupt?): {type(e).__name__}") from None
+    if missing:
+        raise ValueError(f"checkpoint {path} lacks {', '.join(sorted(missing))}; not a looped checkpoint")
+    return ckpt
+
+
+@dataclass
+class Runtime:
+    device: str          # 'cpu', 'cuda', 'cuda:1', 'mps'
+    device_type: str     # 'cpu', 'cuda' or 'mps': what torch.autocast and the optimizer want
+    dtype: str           # 'float32' or 'bfloat16' (the autocast dtype; weights stay fp32)
+    compile: bool        # torch.compile each block (regional compilation)
+    autocast: object     # a context manager: bf16 autocast, or nothing
+
+    def describe(self):
+        return f"device: {self.device} | dtype: {self.dtype} | compile: {self.compile}"
+
+
+def resolve_device(device='auto', dtype='auto', compile='auto'):
+    """The one place where device, dtype and compile are decided (every script calls it). 'auto' means: CUDA,
+    else MPS, else CPU; bf16 autocast on CUDA only; compile on CUDA only (on a CPU it costs about 30 s and
+    gains nothing at this size). ValueError with a one-line message for a device this machine does not have."""
+    if device == 'auto':
+        device = 'cuda' if torch.cuda.is_available() else 'mps' if torch.backends.mps.is_available() else 'cpu'
+    try:
+        device_type = torch.device(device).type
+    except RuntimeError:
+        raise ValueError(f"unknown device {device!r}: use auto, cpu, cuda, cuda:N or mps") from None
+    if device_type == 'cuda' and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: torch sees no CUDA GPU here")
+    if device_type == 'mps' and not torch.backends.mps.is_available():
+        raise ValueError(f"device {device!r}: MPS (Apple GPU) is not available here")
+    if device_type not in ('cpu', 'cuda', 'mps'):
+        raise ValueError(f"device {device!r}: only cpu, cuda and mps are supported")
+    if dtype == 'auto':
+        dtype = 'bfloat16' if device_type == 'cuda' and torch.cuda.is_bf16_supported() else 'float32'
+    if device_type == 'cuda':
+        torch.backends.cuda.matmul.allow_tf32 = True  # TF32 for any fp32 matmul that autocast leaves alone
+        torch.backends.cudnn.allow_tf32 = True
+    # bf16 autocast: weights and the residual stream stay fp32, matmuls run in bf16
+    ctx = torch.autocast(device_type, dtype=torch.bfloat16) if dtype == 'bfloat16' else nullcontext()
+    return Runtime(device, device_type, dtype, device_type == 'cuda' if compile == 'auto' else bool(compile), ctx)

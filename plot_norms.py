@@ -27,7 +27,8 @@ import time
 
 import numpy as np
 
-from train import CONFIGS, load_model
+from looped import LoopedGPT, resolve_device
+from train import CONFIGS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -42,15 +43,16 @@ CONDITIONS = {
     'per_loop + rmsnorm + penalty': ['--supervision=per_loop', '--readout=rmsnorm', '--norm_penalty=0.01'],
     'per_loop + layernorm': ['--supervision=per_loop', '--readout=layernorm'],
     'per_loop + rmsnorm + normed': ['--supervision=per_loop', '--readout=rmsnorm', '--recurrence=normed'],
+    'per_loop + alpha': ['--supervision=per_loop', '--readout=alpha'],
 }
-# Grid runs are shorter than single runs: on 'laptop' all nine fit in 20 minutes on a 2-core CPU.
+# Grid runs are shorter than single runs: on 'laptop' all ten fit in about 15 minutes on a 2-core CPU.
 GRID_FLAGS = {'laptop': ['--max_iters=200', '--eval_interval=40', '--eval_iters=4'],
               'gpu_char': ['--max_iters=1000', '--eval_interval=100']}
 # Okabe-Ito colours (colour-blind safe; its yellow swapped for a darker wine, which reads on white) with
 # line styles and markers, so the figures also read in grey.
 STYLES = [('#000000', '-', 'o'), ('#E69F00', '--', 's'), ('#56B4E9', '-.', '^'), ('#009E73', ':', 'D'),
           ('#882255', '-', 'v'), ('#0072B2', '--', 'P'), ('#D55E00', '-.', 'X'), ('#CC79A7', ':', '*'),
-          ('#999999', '-', 'h')]
+          ('#999999', '-', 'h'), ('#44AA99', '--', 'p')]
 
 
 class LogError(Exception):
@@ -60,6 +62,8 @@ class LogError(Exception):
 def condition_name(cfg):
     """The CONDITIONS key of a run, from the model config in its log."""
     name = f"{cfg['supervision']} + {cfg['readout']}"
+    if cfg.get('alpha') is not None:
+        name += f" {cfg['alpha']:g}"
     if cfg['norm_penalty'] > 0:
         name += ' + penalty' if cfg['norm_penalty'] == 0.01 else f" + penalty {cfg['norm_penalty']:g}"
     if cfg['recurrence'] == 'normed':
@@ -82,8 +86,10 @@ def load_run(folder):
     if not lines:
         raise LogError(f"{folder}: log.jsonl is empty")
     head, records = lines[0], lines[1:]
-    need = {'step', 'train_loss', 'val_loss', 'hidden_norm', 'hidden_norm_2k', 'elapsed_s'}
-    if 'model' not in head.get('config', {}) or not all(need <= set(r) for r in records):
+    need = {'step', 'train_loss', 'val_loss', 'hidden_norm', 'elapsed_s'}
+    K = head.get('config', {}).get('model', {}).get('n_loop')
+    # one scheme: val_loss and hidden_norm hold every depth 1..2K
+    if K is None or not all(need <= set(r) and len(r['val_loss']) == len(r['hidden_norm']) == 2 * K for r in records):
         raise LogError(f"{folder}: log.jsonl is in an older or unknown format; rerun it with this train.py")
     if not records:
         raise LogError(f"{folder}: log.jsonl has no evaluation yet")
@@ -108,11 +114,12 @@ def group_runs(runs):
     return {name: groups[name] for name in order if name in groups}
 
 
-def series(runs, key, index):
-    """steps and a (seeds, evals) array of r[key][index], over the evaluations all seeds have."""
+def series(runs, key, index=None):
+    """steps and a (seeds, evals) array of r[key] (or r[key][index]), over the evaluations all seeds have."""
     n = min(len(run['records']) for run in runs)
     steps = [r['step'] for r in runs[0]['records'][:n]]
-    return steps, np.array([[r[key][index] for r in run['records'][:n]] for run in runs])
+    pick = (lambda r: r[key]) if index is None else (lambda r: r[key][index])
+    return steps, np.array([[pick(r) for r in run['records'][:n]] for run in runs])
 
 
 def mean_std(values):
@@ -141,11 +148,12 @@ def finish(fig, ax, path):
     return path
 
 
-def final_curves(ax, groups, key, xs):
-    """One line per condition through the last evaluation's r[key] at positions xs; seeds give error bars."""
+def final_curves(ax, groups, key, depths):
+    """One line per condition through the last evaluation's r[key] at the given depths (1-indexed); seeds give
+    error bars."""
     for (name, runs), (color, ls, marker) in zip(groups.items(), STYLES * 2):
-        mean, std = mean_std([run['records'][-1][key] for run in runs])
-        ax.errorbar(xs, mean, yerr=std if len(runs) > 1 else None, color=color, ls=ls, marker=marker, ms=5, label=name)
+        mean, std = mean_std([[run['records'][-1][key][d - 1] for d in depths] for run in runs])
+        ax.errorbar(depths, mean, yerr=std if len(runs) > 1 else None, color=color, ls=ls, marker=marker, ms=5, label=name)
 
 
 def plot(groups, fig_dir):
@@ -174,7 +182,7 @@ def plot(groups, fig_dir):
     paths.append(finish(fig, ax, os.path.join(fig_dir, 'fig1_norm_explosion.png')))
 
     fig, ax = plt.subplots(figsize=(10, 5))
-    final_curves(ax, groups, 'hidden_norm_2k', np.arange(1, 2 * K + 1))
+    final_curves(ax, groups, 'hidden_norm', list(range(1, 2 * K + 1)))
     ax.axvline(K, color='grey', lw=0.8)
     ax.text(K, 0.02, ' trained K', color='grey', va='bottom', fontsize=8, transform=ax.get_xaxis_transform())
     ax.set(yscale='log', xlabel='loop k (beyond K: extrapolation)', ylabel=r'$\|h_k\|$ at the end of training',
@@ -186,27 +194,42 @@ def plot(groups, fig_dir):
     final_curves(ax, groups, 'val_loss', depths)
     # untrained exits (terminal supervision, early loops) can sit at tens of nats: keep the frame on the rest
     at_K = [np.mean([run['records'][-1]['val_loss'][K - 1] for run in runs]) for runs in groups.values()]
-    low = min(min(run['records'][-1]['val_loss']) for runs in groups.values() for run in runs)
+    low = min(min(run['records'][-1]['val_loss'][d - 1] for d in depths) for runs in groups.values() for run in runs)
     ax.set_ylim(low - 0.05, max(at_K) + 0.5 * (max(at_K) - low) + 0.1)
     ax.set(xlabel='exit depth (loops run before reading out)', ylabel='validation loss (nats per token)',
            xticks=depths, title=f"Validation loss by exit depth (points above the frame are off the scale)\n{title}")
     paths.append(finish(fig, ax, os.path.join(fig_dir, 'fig3_loss_by_depth.png')))
+
+    with_alpha = {name: runs for name, runs in groups.items() if 'alpha' in runs[0]['records'][-1]}
+    if with_alpha:  # the alpha readout's learned exponent: which alpha does cross-entropy choose?
+        fig, ax = plt.subplots(figsize=(10, 5))
+        for (name, runs), (color, ls, marker) in zip(with_alpha.items(), STYLES * 2):
+            steps, a = series(runs, 'alpha')
+            mean, std = mean_std(a)
+            ax.plot(steps, mean, color=color, ls=ls, marker=marker, ms=4, label=name)
+            if len(runs) > 1:
+                ax.fill_between(steps, mean - std, mean + std, color=color, alpha=0.15)
+        ax.set(ylim=(0, 1), xlabel='training step', ylabel=r'$\alpha$ (0: scale-invariant, 1: raw)',
+               title=f"The alpha readout's learned exponent\n{title}")
+        paths.append(finish(fig, ax, os.path.join(fig_dir, 'fig5_alpha.png')))
     return paths
 
 
 def table(groups, fig_dir):
-    """Per condition: final-depth perplexity and ||h_K|| (mean +- std over seeds), perplexity at every depth."""
+    """Per condition: final-depth perplexity and ||h_K|| (mean +- std over seeds), perplexity at depths 1..K
+    and 2K, and the alpha readout's final alpha where there is one."""
     K = next(iter(groups.values()))[0]['config']['model']['n_loop']
-    depth_names = [f"ppl@{k}" for k in range(1, K + 1)] + [f"ppl@{2 * K}"]
-    header = ['condition', 'seeds', 'step', 'val ppl (depth K)', '‖h_K‖'] + depth_names
+    depths = list(range(1, K + 1)) + [2 * K]
+    header = ['condition', 'seeds', 'step', 'val ppl (depth K)', '‖h_K‖'] + [f"ppl@{d}" for d in depths] + ['alpha']
+    pm = lambda v, f: f"{v.mean():{f}}" + (f" +- {v.std():{f}}" if len(v) > 1 else '')
     rows = []
     for name, runs in groups.items():
         last = [run['records'][-1] for run in runs]
-        ppl = np.exp(np.array([r['val_loss'] for r in last]))           # (seeds, K + 1)
+        ppl = np.exp(np.array([[r['val_loss'][d - 1] for d in depths] for r in last]))  # (seeds, K + 1)
         h = np.array([r['hidden_norm'][K - 1] for r in last])
-        pm = lambda v, f: f"{v.mean():{f}}" + (f" +- {v.std():{f}}" if len(v) > 1 else '')
+        alpha = pm(np.array([r['alpha'] for r in last]), '.3f') if 'alpha' in last[0] else ''
         rows.append([name, str(len(runs)), str(min(r['step'] for r in last)), pm(ppl[:, K - 1], '.3f'), pm(h, '.1f')]
-                    + [f"{ppl[:, i].mean():.3f}" for i in range(K + 1)])
+                    + [f"{ppl[:, i].mean():.3f}" for i in range(K + 1)] + [alpha])
     with open(os.path.join(fig_dir, 'table.csv'), 'w', newline='') as f:
         csv.writer(f).writerows([header] + rows)
     return write_markdown(os.path.join(fig_dir, 'table.md'), header, rows)
@@ -224,18 +247,19 @@ def exit_table(groups, fig_dir, max_windows):
     """Per condition, from each run's ckpt.pt: mean loops and perplexity at the calibrated early-exit threshold
     (within 1% of depth-K perplexity) for both exit rules, averaged over seeds, on the validation windows."""
     import diagnose
-    header = ['condition', 'ppl (depth K)'] + [f"{kind} {col}" for kind in diagnose.EXITS for col in ('mean loops', 'ppl')]
+    header = ['condition', 'ppl (depth K)'] + [f"{rule} {col}" for rule in diagnose.EXITS for col in ('mean loops', 'ppl')]
+    device = resolve_device().device
     rows = []
     for name, runs in groups.items():
         results = []
         for run in runs:
-            model, ckpt = load_model(run['folder'], 'cpu')
-            x, y = diagnose.windows(diagnose.val_tokens(ckpt), model.config.block_size, max_windows)
+            model, ckpt = LoopedGPT.from_checkpoint(run['folder'], device)
+            x, y = (t.to(device) for t in diagnose.windows(diagnose.val_tokens(ckpt), model.config.block_size, max_windows))
             K = model.config.n_loop
             ce, pmax, kl = diagnose.per_token_depth_stats(model, x, y, K)
             row = [math.exp(ce[:, K - 1].mean())]
-            for kind in diagnose.EXITS:
-                row += list(diagnose.calibrate_exit(kind, ce, pmax, kl, K)[1:])
+            for rule in diagnose.EXITS:
+                row += list(diagnose.calibrate_exit(rule, ce, pmax, kl, K)[1:])
             results.append(row)
         rows.append([name] + [f"{v:.3f}" if i % 2 == 0 else f"{v:.2f}" for i, v in enumerate(np.mean(results, axis=0))])
     return write_markdown(os.path.join(fig_dir, 'exit_table.md'), header, rows)
@@ -321,7 +345,10 @@ def main(argv=None):
     print(f"wrote {os.path.join(fig_dir, 'table.md')} and table.csv")
     if args.exit_windows > 0:
         if all(os.path.exists(os.path.join(run['folder'], 'ckpt.pt')) for run in runs):
-            print(exit_table(groups, fig_dir, args.exit_windows))
+            try:
+                print(exit_table(groups, fig_dir, args.exit_windows))
+            except (ValueError, OSError) as e:  # an unreadable checkpoint or dataset: say which, in one line
+                sys.exit(f"plot_norms.py: error: no early-exit table: {e}")
             print(f"wrote {os.path.join(fig_dir, 'exit_table.md')}")
         else:
             print("no early-exit table: some runs have no ckpt.pt")

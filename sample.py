@@ -13,8 +13,7 @@ import sys
 
 import torch
 
-from looped import EXITS
-from train import load_model
+from looped import EXITS, LoopedGPT, resolve_device
 
 
 def get_codec(meta):
@@ -68,11 +67,9 @@ def main(argv=None):
     if args.temperature <= 0 or args.top_k < 1 or args.num_samples < 1 or args.max_new_tokens < 0:
         p.error("need --temperature > 0, --top_k >= 1, --num_samples >= 1 and --max_new_tokens >= 0")
 
-    device = args.device
-    if device == 'auto':
-        device = 'cuda' if torch.cuda.is_available() else 'mps' if torch.backends.mps.is_available() else 'cpu'
     try:
-        model, ckpt = load_model(args.out_dir, device)
+        device = resolve_device(args.device).device  # sampling runs in fp32 and uncompiled on any device
+        model, ckpt = LoopedGPT.from_checkpoint(args.out_dir, device)
         config = model.config
         encode, decode = get_codec(ckpt['meta'])
         start = args.start
@@ -94,7 +91,7 @@ def main(argv=None):
     loops = []
     for _ in range(args.num_samples):
         y, used = model.generate(x, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                                 n_loop=n_loop, exit=exit_rule, exit_threshold=args.exit_threshold)
+                                 n_loop=n_loop, exit_rule=exit_rule, exit_threshold=args.exit_threshold)
         loops += used
         print(decode(y[0].tolist()))
         print('---------------')

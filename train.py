@@ -15,7 +15,6 @@ Tests:
 """
 
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -23,16 +22,15 @@ import pickle
 import signal
 import sys
 import time
-from contextlib import nullcontext
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from looped import LoopedConfig, LoopedGPT, READOUTS, RECURRENCES, SUPERVISIONS, INITS, MLPS
-
-HERE = os.path.dirname(os.path.abspath(__file__))
+from data import DATASETS, find_dataset
+from looped import (LoopedConfig, LoopedGPT, READOUTS, RECURRENCES, SUPERVISIONS, INITS, MLPS, load_checkpoint,
+                    resolve_device)
 
 # Named configurations; any explicit flag overrides them. 'laptop' is the default: on a 2-core CPU it
 # trains, evaluates and checkpoints in a few minutes and its log shows the blind spot.
@@ -41,9 +39,10 @@ CONFIGS = {
                    max_iters=500, eval_interval=100, eval_iters=8, log_interval=20, learning_rate=3e-3),
     'gpu_char': dict(n_layer=4, n_embd=256, n_head=4, n_loop=4, block_size=256, batch_size=32, dropout=0.1,
                      max_iters=3000, eval_interval=250, eval_iters=20, log_interval=50, learning_rate=3e-4),
-    # The authors' recipe (REFERENCE.md section 2): the whole stack looped K=4 times, SwiGLU, tied embeddings,
-    # dropout 0.1, AdamW 3e-4 constant with weight decay 0.01 on everything, clip 1.0, context 256, 4 epochs
-    # of WikiText-103 with the word-level tokenizer (data/wikitext103/prepare.py). For a GPU; on a CPU try
+    # The authors' recipe: the whole stack looped K=4 times, SwiGLU, tied embeddings, dropout 0.1, AdamW 3e-4
+    # constant with weight decay 0.01 on everything, clip 1.0, context 256, 4 epochs of WikiText-103 with the
+    # word-level tokenizer (python -m data.wikitext103.prepare). An epoch is counted their way: one pass over
+    # the windows of 256 tokens taken at stride 128 (see steps_from_epochs). For a GPU; on a CPU try
     # --max_iters=2 --batch_size=2.
     'paper_44m': dict(n_layer=8, n_embd=512, n_head=8, n_loop=4, block_size=256, batch_size=64, dropout=0.1,
                       max_iters=None, epochs=4, eval_interval=1000, eval_iters=20, log_interval=50,
@@ -52,10 +51,10 @@ CONFIGS = {
                        max_iters=None, epochs=4, eval_interval=1000, eval_iters=20, log_interval=50,
                        learning_rate=3e-4, dataset='wikitext103'),
 }
-DATASETS = ('shakespeare_char', 'shakespeare', 'wikitext103')
 
 
 def str2bool(s):
+    """argparse type for booleans: plain type=bool would turn the string 'False' into True."""
     if s.lower() in ('1', 'true', 'yes'):
         return True
     if s.lower() in ('0', 'false', 'no'):
@@ -75,7 +74,10 @@ def get_parser():
     p.add_argument('--config', default='laptop', choices=CONFIGS, help='named configuration; flags override it')
     # the model (LoopedConfig in looped.py says what each one means)
     p.add_argument('--readout', default='rmsnorm', choices=READOUTS, help='what the LM head sees of h_k')
-    p.add_argument('--recurrence', default='residual', choices=RECURRENCES, help='normed: RMSNorm between loops')
+    p.add_argument('--alpha', type=float, default=None,
+                   help='--readout=alpha: fix alpha in [0, 1] (1 = raw, 0 = scale-invariant); default: learned')
+    p.add_argument('--recurrence', default='residual', choices=RECURRENCES,
+                   help='normed: each pass starts from the RMSNorm of the previous pass output')
     p.add_argument('--supervision', default='per_loop', choices=SUPERVISIONS, help='which loops get a loss')
     p.add_argument('--norm_penalty', type=float, default=0.0, help='lambda of lambda * mean_k mean(h_k^2)')
     p.add_argument('--init', default='paper', choices=INITS, help="paper: PyTorch defaults, tied N(0,1) embedding; gpt2: N(0,0.02)")
@@ -89,10 +91,13 @@ def get_parser():
     p.add_argument('--dropout', type=float, help='dropout rate (the paper: 0.1)')
     # optimization: AdamW, constant learning rate, as in the paper
     p.add_argument('--batch_size', type=int, help='sequences per micro-step (per process)')
-    p.add_argument('--grad_accum', type=int, default=1,
-                   help='micro-steps per optimizer step, over all processes: with torchrun on N GPUs pass a multiple '
-                        'of N; the global batch is batch_size * grad_accum')
+    p.add_argument('--grad_accum', type=int, default=None,
+                   help='micro-steps per optimizer step, counted over all processes (global batch = batch_size * '
+                        'grad_accum; under torchrun a multiple of the process count); default: one per process')
     p.add_argument('--max_iters', type=int, help='training steps in all (a resumed run continues to this step)')
+    p.add_argument('--epochs', type=float, default=None,
+                   help='train for this many epochs instead of --max_iters (an epoch: one pass over the training '
+                        'windows of block_size tokens at stride block_size/2, as the authors count it)')
     p.add_argument('--learning_rate', type=float, help='constant; the paper uses 3e-4')
     p.add_argument('--weight_decay', type=float, default=0.01, help='AdamW decoupled weight decay')
     p.add_argument('--grad_clip', type=float, default=1.0, help='0 disables clipping')
@@ -121,20 +126,30 @@ def parse_args(argv=None):
     """Two passes: the first finds --config, whose values then become the defaults of the second."""
     first = argparse.ArgumentParser(add_help=False)
     first.add_argument('--config', default='laptop')
+    first.add_argument('--max_iters')
+    first.add_argument('--epochs')
     known, _ = first.parse_known_args(argv)
     parser = get_parser()
     parser.set_defaults(**CONFIGS.get(known.config, {}))  # an unknown name is reported by the full parser
     args = parser.parse_args(argv)
-    # the paper configurations give epochs (no flag) instead of max_iters; an explicit --max_iters wins
-    args.epochs = getattr(args, 'epochs', None) if args.max_iters is None else None
-    for name in ('batch_size', 'grad_accum', 'eval_interval', 'eval_iters', 'log_interval') + (('max_iters',) if args.epochs is None else ()):
+    # steps come from --max_iters or from --epochs; a paper configuration's epochs give way to an explicit --max_iters
+    if known.max_iters is not None and known.epochs is not None:
+        parser.error("give --max_iters or --epochs, not both")
+    if known.epochs is None and known.max_iters is not None:
+        args.epochs = None
+    for name in ('batch_size', 'eval_interval', 'eval_iters', 'log_interval') + (('max_iters',) if args.epochs is None else ()):
         if getattr(args, name) < 1:
             parser.error(f"--{name}={getattr(args, name)} must be at least 1")
+    if args.grad_accum is not None and args.grad_accum < 1:
+        parser.error(f"--grad_accum={args.grad_accum} must be at least 1")
+    if args.epochs is not None and not args.epochs > 0:
+        parser.error(f"--epochs={args.epochs} must be positive")
     if not args.learning_rate > 0:
         parser.error(f"--learning_rate={args.learning_rate} must be positive")
     if args.out_dir is None:  # named by the variant flags that differ from their defaults: out/laptop-raw-pen0.01
         parts = [args.config] + [getattr(args, f) for f in ('supervision', 'readout', 'recurrence', 'init', 'mlp')
                                  if getattr(args, f) != parser.get_default(f)]
+        parts += [f"alpha{args.alpha:g}"] if args.alpha is not None else []
         parts += [f"pen{args.norm_penalty:g}"] if args.norm_penalty else []
         args.out_dir = os.path.join('out', '-'.join(parts))
     return args
@@ -144,9 +159,18 @@ def model_config(args, vocab_size=65):
     """The LoopedConfig that the flags describe (ValueError for invalid combinations)."""
     return LoopedConfig(
         vocab_size=vocab_size, block_size=args.block_size, n_embd=args.n_embd, n_head=args.n_head,
-        n_layer=args.n_layer, n_loop=args.n_loop, dropout=args.dropout, readout=args.readout,
+        n_layer=args.n_layer, n_loop=args.n_loop, dropout=args.dropout, readout=args.readout, alpha=args.alpha,
         recurrence=args.recurrence, supervision=args.supervision, norm_penalty=args.norm_penalty, init=args.init,
         mlp=args.mlp, tie_weights=args.tie_weights)
+
+
+def steps_from_epochs(epochs, n_tokens, block_size, global_batch):
+    """Optimizer steps for a number of epochs, counted as the authors count them: the training tokens are cut
+    into windows of block_size at stride block_size // 2 (so every token is in about two windows), and an epoch
+    is one pass over those windows. Returns (steps, windows per epoch)."""
+    stride = block_size // 2
+    windows = (n_tokens - block_size - 1) // stride + 1
+    return math.ceil(epochs * windows / global_batch), windows
 
 
 # Dense bf16 peak FLOP/s by GPU name, for MFU; anything else prints n/a rather than a guess.
@@ -164,35 +188,9 @@ def fmt_mfu(tokens_per_s, flops_per_token, peak):
     return 'n/a' if peak is None else f"{100 * tokens_per_s * flops_per_token / peak:.1f}%"
 
 
-def setup_device(args):
-    """The one place where device, dtype, compile and data parallelism are decided. Returns device, device_type,
-    autocast context, compile flag, rank, world size and a line that says so. Under torchrun (RANK is set) it
-    joins the process group: NCCL with one GPU per process, gloo on CPUs."""
-    if args.device == 'auto':
-        device = 'cuda' if torch.cuda.is_available() else 'mps' if torch.backends.mps.is_available() else 'cpu'
-    else:
-        device = args.device
-    device_type = device.split(':')[0]
-    if device_type == 'cuda' and not torch.cuda.is_available():
-        sys.exit("train.py: error: --device=cuda but torch sees no CUDA GPU")
-    rank, world = int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1))
-    if 'RANK' in os.environ and not dist.is_initialized():
-        dist.init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo')
-        if device_type == 'cuda':
-            device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
-            torch.cuda.set_device(device)
-    dtype = args.dtype
-    if dtype == 'auto':
-        dtype = 'bfloat16' if device_type == 'cuda' and torch.cuda.is_bf16_supported() else 'float32'
-    compile_ = device_type == 'cuda' if args.compile == 'auto' else args.compile
-    if device_type == 'cuda':
-        torch.backends.cuda.matmul.allow_tf32 = True  # TF32 for any fp32 matmul that autocast leaves alone
-        torch.backends.cudnn.allow_tf32 = True
-    # bf16 autocast: weights and the residual stream stay fp32, matmuls run in bf16
-    ctx = torch.autocast(device_type, dtype=torch.bfloat16) if dtype == 'bfloat16' else nullcontext()
-    why = '' if args.compile != 'auto' else ' (auto: on for CUDA only; on CPU it costs ~30 s and gains nothing here)'
-    ddp = f" | data parallel: {world} processes ({dist.get_backend()})" if world > 1 else ''
-    return device, device_type, ctx, compile_, rank, world, f"device: {device} | dtype: {dtype} | compile: {compile_}{why}{ddp}"
+def fmt_time(s):
+    s = int(s)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
 class Data:
@@ -211,7 +209,7 @@ class Data:
     def _batch(self, data, starts):
         x = torch.stack([torch.from_numpy(data[i:i + self.T].astype(np.int64)) for i in starts])
         y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + self.T].astype(np.int64)) for i in starts])
-        if self.device.startswith('cuda'):
+        if self.device.startswith('cuda'):  # pinned memory lets the copy overlap with the GPU's work
             return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
         return x.to(self.device), y.to(self.device)
 
@@ -228,30 +226,6 @@ class Data:
         return [self._batch(data, starts[i:i + self.B]) for i in range(0, n, self.B)]
 
 
-def find_dataset(name):
-    """The dataset folder; the default one is prepared on first use. Raises ValueError with a one-line hint."""
-    if os.path.isdir(name) and name not in DATASETS:
-        folder = name
-    elif name in DATASETS:
-        folder = os.path.join(HERE, 'data', name)
-    else:
-        raise ValueError(f"unknown dataset {name!r}: use one of {', '.join(DATASETS)} or a folder with train.bin")
-    if all(os.path.exists(os.path.join(folder, f)) for f in ('train.bin', 'val.bin', 'meta.pkl')):
-        return folder
-    prepare = os.path.relpath(os.path.join(folder, 'prepare.py'))
-    if name != 'shakespeare_char':
-        raise ValueError(f"{folder} has no train.bin/val.bin/meta.pkl; prepare it first: python {prepare}")
-    print(f"{folder} is not prepared yet; preparing it now")
-    spec = importlib.util.spec_from_file_location('prepare_shakespeare_char', prepare)
-    prep = importlib.util.module_from_spec(spec)  # data/shakespeare_char/prepare.py, imported by its path
-    spec.loader.exec_module(prep)
-    try:
-        prep.prepare(prep.get_text(), folder)
-    except prep.PrepareError as e:
-        raise ValueError(f"dataset {name} is not prepared and {e}") from None
-    return folder
-
-
 @torch.no_grad()
 def evaluate(model, batches, n_loop, ctx):
     """Mean cross-entropy at every exit depth 1..n_loop and mean ||h_k|| at every loop, over fixed batches."""
@@ -266,9 +240,9 @@ def evaluate(model, batches, n_loop, ctx):
     return (ce / n).tolist(), (norm / n).tolist()
 
 
-def save_checkpoint(path, raw_model, optimizer, config, args, step, best_val_loss, last_eval_step, data):
+def save_checkpoint(path, raw_model, optimizer, args, step, best_val_loss, last_eval_step, data):
     ckpt = {
-        'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(), 'config': config.to_dict(),
+        'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(), 'config': raw_model.config.to_dict(),
         'args': vars(args), 'step': step, 'best_val_loss': best_val_loss, 'last_eval_step': last_eval_step,
         'meta': data.meta,  # the vocabulary travels with the weights, so sample.py needs no data folder
         'rng': {'torch': torch.get_rng_state(), 'batches': data.gen.get_state(),
@@ -279,58 +253,70 @@ def save_checkpoint(path, raw_model, optimizer, config, args, step, best_val_los
     os.replace(tmp, path)  # atomic: a crash mid-save leaves the previous checkpoint intact
 
 
-def load_checkpoint(path, device):
-    """The checkpoint dict; ValueError with a one-line message when it is missing or unreadable."""
-    if not os.path.exists(path):
-        raise ValueError(f"no checkpoint at {path}")
-    try:
-        ckpt = torch.load(path, map_location=device, weights_only=False)
-        missing = {'model', 'config', 'step'} - set(ckpt)
-    except Exception as e:
-        raise ValueError(f"checkpoint {path} is unreadable (truncated or corrupt?): {type(e).__name__}") from None
-    if missing:
-        raise ValueError(f"checkpoint {path} lacks {', '.join(sorted(missing))}; not a looped checkpoint")
-    return ckpt
+def setup_distributed(rt):
+    """Under torchrun (RANK is set): join the process group, NCCL with one GPU per process or gloo on CPUs.
+    Returns (rank, world size); (0, 1) for a plain run."""
+    if 'RANK' not in os.environ:
+        return 0, 1
+    if not dist.is_initialized():
+        dist.init_process_group(backend='nccl' if rt.device_type == 'cuda' else 'gloo')
+    if rt.device_type == 'cuda':
+        rt.device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
+        torch.cuda.set_device(rt.device)
+    return dist.get_rank(), dist.get_world_size()
 
 
-def load_model(out_dir, device):
-    """The model saved in out_dir/ckpt.pt, in eval mode on device, and the checkpoint dict (ValueError if unreadable)."""
-    ckpt = load_checkpoint(os.path.join(out_dir, 'ckpt.pt'), device)
-    model = LoopedGPT(LoopedConfig(**ckpt['config']))
+def restore(ckpt, model, optimizer, data, args, rank, device_type):
+    """Load weights, optimizer and RNG states from a checkpoint. Returns (step, best val loss, last eval step)."""
     model.load_state_dict(ckpt['model'])
-    return model.to(device).eval(), ckpt
-
-
-def fmt_time(s):
-    s = int(s)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+    optimizer.load_state_dict(ckpt['optimizer'])
+    for group in optimizer.param_groups:  # the learning rate is a training flag: the command line wins
+        group['lr'] = args.learning_rate
+    torch.set_rng_state(ckpt['rng']['torch'].cpu())
+    data.gen.set_state(ckpt['rng']['batches'].cpu())
+    if rank > 0:  # only rank 0's batch order is saved; the others continue with a fresh, distinct one
+        data.gen.manual_seed(args.seed + rank + 1000003 * ckpt['step'])
+    if ckpt['rng']['cuda'] is not None and device_type == 'cuda':
+        torch.cuda.set_rng_state_all([s.cpu() for s in ckpt['rng']['cuda']])
+    return ckpt['step'], ckpt['best_val_loss'], ckpt['last_eval_step']
 
 
 def main(argv=None):
+    # -------------------------------------------------------------------------------------------------------
+    # setup: flags, device, processes. Everything is validated before out_dir is touched, so that bad input
+    # never harms an earlier run.
     args = parse_args(argv)
     ckpt_path, log_path = os.path.join(args.out_dir, 'ckpt.pt'), os.path.join(args.out_dir, 'log.jsonl')
-    device, device_type, ctx, compile_, rank, world, device_line = setup_device(args)
+    try:
+        rt = resolve_device(args.device, args.dtype, args.compile)
+    except ValueError as e:
+        sys.exit(f"train.py: error: {e}")
+    rank, world = setup_distributed(rt)
+    device, ctx = rt.device, rt.autocast
     master = rank == 0  # the one process that prints, logs and checkpoints
     say = print if master else (lambda *a, **k: None)
-    if args.grad_accum % world:
+    # Gradient accumulation: with no --grad_accum every process takes one micro-step (global batch = batch_size
+    # x processes); an explicit --grad_accum fixes the global batch, split over the processes.
+    if args.grad_accum is None:
+        micro_steps, global_batch = 1, args.batch_size * world
+    elif args.grad_accum % world:
         sys.exit(f"train.py: error: --grad_accum={args.grad_accum} is not a multiple of the {world} processes")
-    micro_steps = args.grad_accum // world
+    else:
+        micro_steps, global_batch = args.grad_accum // world, args.batch_size * args.grad_accum
 
-    # Validate everything before touching out_dir, so that bad input never harms an earlier run.
     try:
         ckpt = load_checkpoint(ckpt_path, device) if args.resume else None
-        if ckpt is None:
-            config = model_config(args)
-        else:  # the model is what was trained; the other flags (max_iters, intervals...) may change on resume
-            config = LoopedConfig(**ckpt['config'])
+        # on resume the model is what was trained; the other flags (max_iters, intervals...) may change
+        config = model_config(args) if ckpt is None else LoopedConfig(**ckpt['config'])
         data = Data(find_dataset(args.dataset), config.block_size, args.batch_size, device, args.seed + rank)
         if ckpt is not None and config.vocab_size != data.meta['vocab_size']:
             raise ValueError(f"{ckpt_path} was trained with vocab {config.vocab_size}, {args.dataset} has {data.meta['vocab_size']}")
         config.vocab_size = data.meta['vocab_size']
-        if args.epochs is not None:  # passes over the training tokens -> steps
-            tokens_per_step = args.batch_size * config.block_size * args.grad_accum
-            args.max_iters = math.ceil(args.epochs * len(data.splits['train']) / tokens_per_step)
-            say(f"{args.epochs:g} epochs of {len(data.splits['train']):,} tokens = {args.max_iters:,} steps")
+        if args.epochs is not None:
+            n_train = len(data.splits['train'])
+            args.max_iters, windows = steps_from_epochs(args.epochs, n_train, config.block_size, global_batch)
+            say(f"{args.epochs:g} epochs x {windows:,} windows ({n_train:,} tokens in windows of {config.block_size} "
+                f"at stride {config.block_size // 2}) / {global_batch} per step = {args.max_iters:,} steps")
         if ckpt is not None and ckpt['step'] >= args.max_iters:
             raise ValueError(f"{ckpt_path} is at step {ckpt['step']} already; pass a larger --max_iters to continue")
     except ValueError as e:
@@ -338,40 +324,36 @@ def main(argv=None):
     if not args.resume and not args.overwrite and any(map(os.path.exists, (ckpt_path, log_path))):
         sys.exit(f"train.py: error: {args.out_dir} already holds a run; pass --resume to continue it, "
                  "--overwrite to replace it, or another --out_dir")
+    ddp = f" | data parallel: {world} processes ({dist.get_backend()})" if world > 1 else ''
+    why = ' (auto: on for CUDA only)' if args.compile == 'auto' else ''
+    say(rt.describe() + why + ddp)  # after validation, so that an error is the only line a bad command prints
 
-    say(device_line)  # after validation, so that an error is the only line a bad command prints
+    # -------------------------------------------------------------------------------------------------------
+    # model and optimizer, fresh or from the checkpoint
     torch.manual_seed(args.seed)
     model = LoopedGPT(config).to(device)
-    optimizer = model.configure_optimizers(args.weight_decay, args.learning_rate, device_type)
+    optimizer = model.configure_optimizers(args.weight_decay, args.learning_rate, rt.device_type)
     step, best_val_loss, last_eval_step = 0, float('inf'), -1
     if ckpt is not None:
-        model.load_state_dict(ckpt['model'])
-        optimizer.load_state_dict(ckpt['optimizer'])
-        for group in optimizer.param_groups:  # the learning rate is a training flag: the command line wins
-            group['lr'] = args.learning_rate
-        step, best_val_loss, last_eval_step = ckpt['step'], ckpt['best_val_loss'], ckpt['last_eval_step']
-        torch.set_rng_state(ckpt['rng']['torch'].cpu())
-        data.gen.set_state(ckpt['rng']['batches'].cpu())
-        if rank > 0:  # only rank 0's batch order is saved; the others continue with a fresh, distinct one
-            data.gen.manual_seed(args.seed + rank + 1000003 * step)
-        if ckpt['rng']['cuda'] is not None and device_type == 'cuda':
-            torch.cuda.set_rng_state_all([s.cpu() for s in ckpt['rng']['cuda']])
+        step, best_val_loss, last_eval_step = restore(ckpt, model, optimizer, data, args, rank, rt.device_type)
         say(f"resuming {args.out_dir} at step {step} (model config from the checkpoint)")
-    raw_model = model  # checkpoints always hold the uncompiled module's weights
-    if compile_:
+    raw_model = model  # checkpoints and evaluation use the plain module, never the compiled or DDP wrapper
+    if rt.compile:
         # regional compilation: compile the block, not the unrolled loop, so any loop count reuses one graph
         for block in model.blocks:
             block.compile()
-    if world > 1:  # gradients are averaged across processes in backward; raw_model stays the plain module
-        model = DDP(model, device_ids=[torch.device(device)] if device_type == 'cuda' else None)
+    if world > 1:  # gradients are averaged across processes in backward
+        model = DDP(model, device_ids=[torch.device(device)] if rt.device_type == 'cuda' else None)
 
     K, peak, flops_per_token = config.n_loop, peak_flops(device), raw_model.flops_per_token()
+    alpha = raw_model.readout.norm.alpha if config.readout == 'alpha' else None  # logged at every evaluation
     val_batches = data.fixed_batches('val', args.eval_iters)
     train_batches = data.fixed_batches('train', args.eval_iters)
-    tokens_per_step = args.batch_size * config.block_size * args.grad_accum  # over all processes
+    tokens_per_step = global_batch * config.block_size
     say(f"{args.out_dir}: {raw_model.num_params():,} parameters, {config.n_layer} layers x {K} loops, "
         f"readout={config.readout}, recurrence={config.recurrence}, supervision={config.supervision}, "
-        f"norm_penalty={config.norm_penalty:g}, init={config.init}; {tokens_per_step:,} tokens/step, "
+        f"norm_penalty={config.norm_penalty:g}, init={config.init}; global batch {global_batch} = {args.batch_size} "
+        f"x {micro_steps} micro-steps x {world} processes, {tokens_per_step:,} tokens/step, "
         f"{flops_per_token / 1e6:.1f} MFLOPs/token")
 
     if world > 1:  # every process has checked out_dir and read its checkpoint before rank 0 writes there
@@ -393,31 +375,37 @@ def main(argv=None):
         t_start, step_start = time.time(), step
         t_last, train_ces = time.time(), []
         while True:
+            # ---------------------------------------------------------------------------------------------------
+            # evaluate at every depth 1..2K (2K: beyond the trained depth), save, then log
             if (step % args.eval_interval == 0 or step == args.max_iters) and step != last_eval_step:
-                val_ce, val_norm = evaluate(raw_model, val_batches, 2 * K, ctx)  # every process, in step
-                train_ce, _ = evaluate(raw_model, train_batches, K, ctx)
-                val_loss = val_ce[:K] + [val_ce[2 * K - 1]]  # exit depths 1..K, then 2K (depth extrapolation)
+                val_loss, val_norm = evaluate(raw_model, val_batches, 2 * K, ctx)  # every process, in step
+                train_loss, _ = evaluate(raw_model, train_batches, K, ctx)
                 if not all(map(math.isfinite, val_loss)):
-                    sys.exit(f"train.py: error: validation loss is {val_loss[K - 1]} at step {step}; "
-                             f"keeping the last good checkpoint in {args.out_dir}")
+                    kept = f"keeping the last good checkpoint in {args.out_dir}" if os.path.exists(ckpt_path) \
+                        else "no checkpoint was saved yet"
+                    sys.exit(f"train.py: error: validation loss is {val_loss[K - 1]} at step {step}; {kept}")
                 best_val_loss, last_eval_step = min(best_val_loss, val_loss[K - 1]), step
-                record = {'step': step, 'train_loss': train_ce[K - 1], 'val_loss': val_loss,
-                          'hidden_norm': val_norm[:K], 'hidden_norm_2k': val_norm, 'elapsed_s': round(time.time() - t_start, 2)}
+                record = {'step': step, 'train_loss': train_loss[K - 1], 'val_loss': val_loss,
+                          'hidden_norm': val_norm, 'elapsed_s': round(time.time() - t_start, 2)}
+                if alpha is not None:
+                    record['alpha'] = alpha().item()
                 if step > 0 and master:  # save first, then log: the log never runs ahead of the checkpoint
-                    save_checkpoint(ckpt_path, raw_model, optimizer, config, args, step, best_val_loss, last_eval_step, data)
+                    save_checkpoint(ckpt_path, raw_model, optimizer, args, step, best_val_loss, last_eval_step, data)
                 if master:
                     with open(log_path, 'a') as f:
                         f.write(json.dumps(record) + '\n')
                 say(f"eval {step}: val loss by depth " + ' '.join(f'{v:.3f}' for v in val_loss[:K])
-                    + f" | 2K {val_loss[K]:.3f} | ||h_k|| " + ' '.join(f'{v:.1f}' for v in val_norm[:K])
-                    + f" | 2K {val_norm[-1]:.1f}")
+                    + f" | 2K {val_loss[-1]:.3f} | ||h_k|| " + ' '.join(f'{v:.1f}' for v in val_norm[:K])
+                    + f" | 2K {val_norm[-1]:.1f}" + (f" | alpha {record['alpha']:.3f}" if alpha is not None else ''))
             if step >= args.max_iters:
                 break
 
+            # ---------------------------------------------------------------------------------------------------
+            # one optimizer step: micro_steps forward/backward passes, clip, AdamW
             lossf = 0.0
             for micro in range(micro_steps):
                 x, y = data.train_batch()
-                if world > 1:  # gradients are averaged across processes in backward; raw_model stays the plain module2
+                if world > 1:  # all-reduce the gradients only after the last micro-step, not after each
                     model.require_backward_grad_sync = micro == micro_steps - 1
                 with ctx:
                     _, loss, stats = model(x, y)
@@ -429,13 +417,17 @@ def main(argv=None):
             optimizer.zero_grad(set_to_none=True)
             step += 1
 
+            # ---------------------------------------------------------------------------------------------------
+            # agree across processes, stop on divergence, print progress, honour Ctrl-C
             if world > 1:  # every process must see the same loss and the same Ctrl-C, or some would wait forever
                 shared = torch.tensor([lossf, float(bool(stop))], device=device)
                 dist.all_reduce(shared)
                 lossf, stop = shared[0].item() / world, [1] if shared[1].item() > 0 else []
             if not math.isfinite(lossf):
-                sys.exit(f"train.py: error: training loss is {lossf} at step {step}; stopping, the last good "
-                         f"checkpoint in {args.out_dir} is kept (try a lower --learning_rate)")
+                kept = f"the last good checkpoint in {args.out_dir} is kept" if os.path.exists(ckpt_path) \
+                    else "no checkpoint was saved yet"
+                sys.exit(f"train.py: error: training loss is {lossf} at step {step}; stopping, {kept} "
+                         "(try a lower --learning_rate)")
             train_ces.append(stats['ce'][-1])
             if step % args.log_interval == 0 or step == args.max_iters:
                 dt = (time.time() - t_last) / len(train_ces)
@@ -447,7 +439,7 @@ def main(argv=None):
                 t_last, train_ces = time.time(), []
             if stop:
                 if master:
-                    save_checkpoint(ckpt_path, raw_model, optimizer, config, args, step, best_val_loss, last_eval_step, data)
+                    save_checkpoint(ckpt_path, raw_model, optimizer, args, step, best_val_loss, last_eval_step, data)
                 say(f"saved {ckpt_path} at step {step}; continue with the same flags plus --resume")
                 sys.exit(130)
 
@@ -458,6 +450,8 @@ def main(argv=None):
             say(f"weights identical on all {world} processes: {all(torch.equal(sums[0], t) for t in sums)}")
         say(f"done: {step} steps in {fmt_time(time.time() - t_start)}; final ||h_K|| {val_norm[K - 1]:.1f}, "
             f"val loss {val_loss[K - 1]:.4f}; log {log_path}")
+        if world > 1:  # no process tears the group down while another is still using it (gloo aborts then)
+            dist.barrier()
     finally:  # leave the caller's (e.g. pytest's) Ctrl-C handling as it was
         signal.signal(signal.SIGINT, previous_handler)
         if dist.is_initialized():

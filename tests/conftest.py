@@ -1,16 +1,21 @@
 """Shared fixtures: small prepared datasets in temporary folders (the repository's data/ is never touched)."""
 
 import os
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, 'data', 'shakespeare_char'))
-SHAKESPEARE = os.path.join(ROOT, '..', 'shared', 'data', 'tinyshakespeare.txt')
+from data.shakespeare_char import prepare as char_prepare
 
-import prepare as char_prepare  # noqa: E402  data/shakespeare_char/prepare.py
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def find_corpus():
+    """The real tiny Shakespeare text, where a user has it: the file named by $LOOPED_CORPUS, or the copy
+    data/shakespeare_char/input.txt that the prepare script downloads on first use. None when neither exists."""
+    for path in (os.environ.get('LOOPED_CORPUS'), os.path.join(ROOT, 'data', 'shakespeare_char', 'input.txt')):
+        if path and os.path.isfile(path):
+            return path
+    return None
 
 
 @pytest.fixture(scope='session')
@@ -26,9 +31,11 @@ def small_data(tmp_path_factory):
 
 @pytest.fixture(scope='session')
 def shakespeare_data(tmp_path_factory):
-    """The real tiny Shakespeare, char level, from ../shared/data when it is there."""
-    if not os.path.exists(SHAKESPEARE):
-        pytest.skip(f"{SHAKESPEARE} not found; the science tests need the real corpus")
+    """The real tiny Shakespeare, char level, prepared in a temporary folder."""
+    corpus = find_corpus()
+    if corpus is None:
+        pytest.skip("the science tests need the real tiny Shakespeare text: run python -m data.shakespeare_char.prepare "
+                    "once (it downloads data/shakespeare_char/input.txt), or set LOOPED_CORPUS to a local copy")
     folder = tmp_path_factory.mktemp('shakespeare_char')
-    char_prepare.prepare(char_prepare.get_text(SHAKESPEARE), str(folder))
+    char_prepare.prepare(char_prepare.get_text(corpus), str(folder))
     return str(folder)

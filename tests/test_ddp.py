@@ -32,3 +32,19 @@ def test_two_processes_stay_in_sync_and_resume(small_data, tmp_path):
     assert 'resuming' in out and 'weights identical on all 2 processes: True' in out
     assert torch.load(tmp_path / 'ckpt.pt', weights_only=False)['step'] == 6
     assert not os.path.exists(tmp_path / 'ckpt.pt.tmp')
+
+
+def test_torchrun_with_default_flags(tmp_path):
+    """What a user types first: no --grad_accum, so each process takes one micro-step and the global batch is
+    batch_size x processes (here on the default dataset, which .ci/run has prepared)."""
+    if not os.path.exists(os.path.join(ROOT, 'data', 'shakespeare_char', 'train.bin')):
+        import pytest
+        pytest.skip('the default dataset is not prepared (python -m data.shakespeare_char.prepare)')
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'train.py',
+           '--device=cpu', '--max_iters=4', '--eval_interval=2', f'--out_dir={tmp_path}']
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert 'global batch 32 = 16 x 1 micro-steps x 2 processes' in r.stdout
+    with open(tmp_path / 'log.jsonl') as f:
+        log = [json.loads(line) for line in f]
+    assert [r['step'] for r in log[1:]] == [0, 2, 4] and log[0]['config']['grad_accum'] is None

@@ -62,11 +62,26 @@ def test_scale_sensitivity(readout, flat):
 def test_radial_gradient_fraction(readout):
     model, (x, y) = tiny(readout=readout, supervision='terminal'), data()
     frac = diagnose.radial_gradient(model, x, y, 3)
-    own, training = frac[:, 0], frac[:, 1]
+    own, training, closed = frac[:, 0], frac[:, 1], frac[:, 2]
     if readout == 'rmsnorm':
         assert (own < 1e-4).all() and training[-1] < 1e-4  # the last loop's only gradient is its own readout's
+        assert (closed < 1e-4).all()
     else:
-        assert (own > 1e-2).all() and training[-1] == pytest.approx(own[-1], rel=1e-4)
+        assert (own > 1e-2).all() and training[-1] == pytest.approx(own[-1], rel=1e-4) and np.isnan(closed).all()
+
+
+@pytest.mark.parametrize('eps', [1e-6, 0.5])
+def test_closed_form_radial_gradient_matches_autograd(eps):
+    """<dL/dh, h> = (S / r) * eps / r^2 for an RMSNorm, against autograd in float64 (a large eps makes it visible)."""
+    torch.manual_seed(0)
+    h = (torch.randn(4, 6, 16, dtype=torch.float64) * 0.7).requires_grad_()
+    weight, grad_y = torch.rand(16, dtype=torch.float64) + 0.5, torch.randn(4, 6, 16, dtype=torch.float64)
+    y = weight * h / (h.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+    (g,) = torch.autograd.grad(y, h, grad_y)
+    expected = (g * h).sum(-1)
+    got = diagnose.rmsnorm_radial_grad(h.detach(), grad_y, weight, eps)
+    assert torch.allclose(got, expected, rtol=1e-8, atol=1e-14)
+    assert expected.abs().max() > (1e-3 if eps == 0.5 else 0)
 
 
 def test_update_split_of_an_identity_loop_is_zero():
@@ -78,16 +93,33 @@ def test_update_split_of_an_identity_loop_is_zero():
     assert np.allclose(split, 0, atol=1e-3) and torch.allclose(states[-1], model.embed(x))
 
 
-def test_radial_clamp_keeps_norms_and_is_a_no_op_when_scale_is_already_removed():
+def test_radial_clamps_on_known_updates():
+    """freeze keeps loop 1's norm; remove_radial leaves an update orthogonal to the state it started from, and
+    turns a purely radial update (h_k = 1.5 h_in) into no update at all."""
+    torch.manual_seed(0)
+    h_in, h = torch.randn(2, 5, 32), torch.randn(2, 5, 32) * 3
+    out = diagnose.clamp('remove_radial')(2, h_in, h)
+    assert torch.allclose(((out - h_in) * h_in).sum(-1), torch.zeros(2, 5), atol=1e-4)
+    assert torch.allclose(diagnose.clamp('remove_radial')(2, h_in, 1.5 * h_in), h_in, atol=1e-5)
+    frozen = diagnose.clamp('freeze')(2, h_in, h)
+    assert torch.allclose(frozen.norm(dim=-1), h_in.norm(dim=-1)) and torch.equal(diagnose.clamp('freeze')(1, h_in, h), h)
     (x, y) = data()
-    model = tiny()
-    _, states = diagnose.update_split(model, x, 3, clamp=True)
+    _, states = diagnose.update_split(tiny(), x, 3, 'freeze')
     assert torch.allclose(states[2].norm(dim=-1), states[0].norm(dim=-1), rtol=1e-4)
-    # normed recurrence: every state already has norm sqrt(d) at init, so clamping changes nothing
-    before, after = diagnose.clamp_perplexity(tiny(recurrence='normed'), x, y, 3)
-    assert after == pytest.approx(before, rel=1e-5)
-    before, after = diagnose.clamp_perplexity(tiny(readout='raw'), x, y, 3)
-    assert after != pytest.approx(before, rel=1e-3)
+    ppl = diagnose.clamp_perplexity(tiny(readout='raw'), x, y, 3)
+    assert set(ppl) == set(diagnose.CLAMPS) and ppl['freeze'] != pytest.approx(ppl['none'], rel=1e-3)
+
+
+def test_lemma_check_on_a_loop_that_doubles_its_input(monkeypatch):
+    """A pass h -> 2h is purely radial: s_k = 2^k s_0, radial increment s_{k-1}, no turn at all."""
+    model, (x, _) = tiny(), data()
+    monkeypatch.setattr(model, 'loop_step', lambda h: 2 * h)
+    table = diagnose.lemma_check(model, x, n_loop=5)
+    s0 = model.embed(x).pow(2).mean(-1).sqrt().mean().item()
+    assert table.shape == (5, 4)
+    assert np.allclose(table[:, 0], s0 * 2.0 ** np.arange(1, 6), rtol=1e-5)
+    assert np.allclose(table[:, 1], s0 * 2.0 ** np.arange(0, 5), rtol=1e-5)
+    assert np.allclose(table[:, 2:], 0, atol=1e-2)
 
 
 def test_cli_prints_every_table(small_data, tmp_path, capsys):
@@ -97,7 +129,8 @@ def test_cli_prints_every_table(small_data, tmp_path, capsys):
     diagnose.main(['--out_dir', str(tmp_path), '--max_windows=20', '--diag_windows=4'])
     out = capsys.readouterr().out
     for heading in ('perplexity by exit depth', 'early exit', 'scale sensitivity', 'radial gradient fraction',
-                    'per-loop update', 'radial clamp'):
+                    'per-loop update', 'radial clamps', 'lemma check over 30 loops'):
         assert heading in out
+    assert (tmp_path / 'lemma.png').stat().st_size > 0
     with pytest.raises(SystemExit, match='no checkpoint'):
         diagnose.main(['--out_dir', str(tmp_path / 'nothing')])

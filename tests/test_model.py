@@ -1,10 +1,11 @@
 """The model's math: readout scale invariance, radial gradients, recurrence variants, loss bookkeeping."""
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from looped import LoopedConfig, LoopedGPT, Readout, exit_passes
+from looped import AlphaNorm, LoopedConfig, LoopedGPT, Readout, exit_passes
 
 torch.set_default_dtype(torch.float32)
 
@@ -76,17 +77,116 @@ def test_penalty_gradient_is_radial():
     assert F.cosine_similarity(grads[0.0], h_K, dim=-1).abs().max() < 1e-3
 
 
-def test_normed_recurrence_removes_input_scale():
-    """With 'normed' recurrence a loop's output has norm sqrt(d) * gain whatever the scale of its input; with
-    'residual' the input's scale is carried through."""
-    h = torch.randn(2, 16, 32)
+def pass_inputs(model, x, scale):
+    """What each pass starts from when every pass's output is multiplied by scale (through loops' intervene)."""
+    inputs = []
+
+    def scaled(k, h_in, h):
+        inputs.append(h_in)
+        return scale * h
+    states = [h for _, h in model.loops(model.embed(x), model.config.n_loop, intervene=scaled)]
+    return inputs, states
+
+
+def test_normed_recurrence_starts_each_pass_at_the_gain():
+    """'normed': the next pass's input has RMS equal to the inter-loop norm's gain whatever the scale of the
+    previous output; 'residual': the previous output itself, scale and all. No norm before pass 1."""
+    x, _ = batch()
     for recurrence in ('normed', 'residual'):
         model = tiny(recurrence=recurrence).eval()
-        norms = [model.loop_step(a * h).norm(dim=-1) for a in (0.1, 1.0, 100.0)]
         if recurrence == 'normed':
-            assert all(torch.allclose(n, torch.full_like(n, 32 ** 0.5), rtol=1e-4) for n in norms)
-        else:
-            assert norms[2].mean() > 50 * norms[0].mean()
+            model.inter_norm.weight.data.fill_(2.5)
+        for a in (0.1, 1.0, 100.0):
+            with torch.no_grad():
+                inputs, states = pass_inputs(model, x, a)
+            assert torch.equal(inputs[0], model.embed(x))
+            for h_in, h_prev in zip(inputs[1:], states):
+                rms = h_in.pow(2).mean(-1).sqrt()
+                if recurrence == 'normed':
+                    assert torch.allclose(rms, torch.full_like(rms, 2.5), rtol=1e-4)
+                else:
+                    assert torch.equal(h_in, h_prev)
+
+
+def test_normed_recurrence_reads_out_and_logs_the_pre_norm_state():
+    """The readout, the penalty and hidden_norm see pass k's output before the inter-loop norm, so with a raw
+    readout the loss does change with the scale of h even under 'normed' recurrence."""
+    x, y = batch()
+    model = tiny(readout='raw', recurrence='normed').eval()
+    with torch.no_grad():
+        losses = [model.readout_loss(pass_inputs(model, x, a)[1][-1], y, 3).item() for a in (1.0, 10.0)]
+    assert abs(losses[0] - losses[1]) > 0.1, losses
+    model = tiny(recurrence='normed', norm_penalty=0.01)
+    states = capture_states(model)
+    _, loss, stats = model(x, y)
+    assert torch.allclose(stats['hidden_norm'], torch.stack([h.norm(dim=-1).mean() for h in states]), rtol=1e-5)
+    assert not torch.allclose(stats['hidden_norm'], torch.full((3,), 32 ** 0.5), rtol=1e-2)  # not normalized
+    expected = stats['ce'].mean() + 0.01 * torch.stack([h.pow(2).mean() for h in states]).mean()
+    assert torch.allclose(loss, expected, rtol=1e-5)
+
+
+def test_the_recurrence_is_written_once(monkeypatch):
+    """forward, generate and diagnose.py all run the passes through LoopedGPT.loops: change it, and all three
+    change."""
+    import diagnose
+    x, y = batch()
+    model = tiny(readout='raw').eval()
+
+    def outputs():
+        torch.manual_seed(0)
+        _, loss, stats = model(x, y)
+        sampled, _ = model.generate(x[:, :4], max_new_tokens=8)
+        ce, _, _ = diagnose.per_token_depth_stats(model, x, y, 3)
+        return stats['hidden_norm'], loss, sampled, ce
+    before = outputs()
+    original = LoopedGPT.loops
+
+    def flipped(self, h, n_loop, intervene=None):  # the same recurrence with every state flipped and tripled
+        for k, h_k in original(self, h, n_loop, intervene):
+            yield k, -3 * h_k
+    monkeypatch.setattr(LoopedGPT, 'loops', flipped)
+    after = outputs()
+    assert torch.allclose(after[0], 3 * before[0], rtol=1e-5)   # forward's statistics
+    assert not torch.allclose(after[1], before[1])              # forward's loss
+    assert not torch.equal(after[2], before[2])                  # generate
+    assert not np.allclose(after[3], before[3])                  # a diagnostic
+
+
+def test_alpha_one_is_exactly_the_raw_readout():
+    h = torch.randn(2, 5, 32) * 40
+    raw, alpha = tiny(readout='raw'), tiny(readout='alpha', alpha=1.0)
+    alpha.readout.norm.log_s_ref.data.fill_(1.7)  # s_ref is irrelevant at alpha = 1
+    alpha.lm_head.weight.data.copy_(raw.lm_head.weight.data)
+    assert torch.equal(alpha.readout_logits(h, 1), raw.readout_logits(h, 1))
+
+
+@pytest.mark.parametrize('a', [0.0, 0.3, 0.5, 1.0])
+def test_alpha_readout_scales_as_a_power(a):
+    """AlphaNorm(c * h) = c^alpha * AlphaNorm(h) with s_ref fixed (alpha = 0: scale-invariant), and the output is
+    s_ref^(1 - alpha) * s^alpha * h / s by its definition."""
+    norm = AlphaNorm(LoopedConfig(readout='alpha', alpha=a, n_embd=32, n_head=4))
+    norm.log_s_ref.data.fill_(0.4)
+    h = torch.randn(3, 7, 32, dtype=torch.float64) * 3
+    s = h.pow(2).mean(-1, keepdim=True).sqrt()
+    assert torch.allclose(norm(h), 0.4 ** 0 * torch.exp(torch.tensor(0.4)) ** (1 - a) * s ** a * h / s)
+    for c in (0.1, 7.0, 1000.0):
+        assert torch.allclose(norm(c * h), c ** a * norm(h), rtol=1e-6)  # alpha is a float32 scalar
+
+
+def test_learned_alpha_starts_at_half_and_its_gradients_match_finite_differences():
+    model = tiny(readout='alpha')
+    norm = model.readout.norm
+    assert norm.alpha().item() == 0.5 and norm.alpha_logit.requires_grad and norm.log_s_ref.requires_grad
+    norm = AlphaNorm(model.config).double()
+    h = (torch.randn(2, 3, 32, dtype=torch.float64) * 4).requires_grad_()
+    logit = torch.tensor(0.3, dtype=torch.float64, requires_grad=True)
+    ref = torch.tensor(-0.2, dtype=torch.float64, requires_grad=True)
+    f = lambda h, logit, ref: torch.func.functional_call(norm, {'alpha_logit': logit, 'log_s_ref': ref}, (h,))
+    assert torch.autograd.gradcheck(f, (h, logit, ref))
+    # and training moves alpha: the readout's parameters get gradients through the loss
+    x, y = batch()
+    model(x, y)[1].backward()
+    assert model.readout.norm.alpha_logit.grad.abs() > 0 and model.readout.norm.log_s_ref.grad.abs() > 0
 
 
 def test_per_loop_and_terminal_losses():
@@ -134,8 +234,8 @@ def test_early_exit_rules():
     assert exit_passes('kl', 1e-3, logp, logp.flip(0)).tolist() == [False, False]
     model = tiny().eval()
     x, _ = batch()
-    _, always = model.generate(x[:, :4], max_new_tokens=3, exit='confidence', exit_threshold=0.0)
-    _, never = model.generate(x[:, :4], max_new_tokens=3, exit='confidence', exit_threshold=1.1)
+    _, always = model.generate(x[:, :4], max_new_tokens=3, exit_rule='confidence', exit_threshold=0.0)
+    _, never = model.generate(x[:, :4], max_new_tokens=3, exit_rule='confidence', exit_threshold=1.1)
     assert always == [1, 1, 1] and never == [3, 3, 3]
 
 
@@ -167,6 +267,7 @@ def test_param_count_flops_and_tying():
 @pytest.mark.parametrize('bad, match', [
     (dict(n_embd=30, n_head=4), 'divisible'), (dict(n_loop=0), 'n_loop'), (dict(norm_penalty=-1.0), 'norm_penalty'),
     (dict(readout='foo'), 'readout'), (dict(recurrence='bar'), 'recurrence'), (dict(dropout=1.5), 'dropout'),
+    (dict(readout='alpha', alpha=1.5), 'alpha'), (dict(readout='raw', alpha=0.5), 'only used by'),
 ])
 def test_config_rejects_bad_values(bad, match):
     with pytest.raises(ValueError, match=match):
@@ -188,9 +289,6 @@ def test_checkpointed_readouts_give_the_same_gradients():
     model(x, y)[1].backward()
     checkpointed = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
-    h, ces = model.embed(x), []
-    for k in range(1, 4):
-        h = model.loop_step(h)
-        ces.append(model.readout_loss(h, y, k))
+    ces = [model.readout_loss(h, y, k) for k, h in model.loops(model.embed(x), 3)]
     torch.stack(ces).mean().backward()
     assert all(torch.allclose(checkpointed[n], p.grad, atol=1e-6) for n, p in model.named_parameters())

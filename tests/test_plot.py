@@ -28,7 +28,7 @@ def test_figures_and_table_from_two_runs(two_runs, tmp_path, capsys):
     assert {r.split(',')[0] for r in rows[1:]} == {'per_loop + rmsnorm', 'per_loop + raw'}
     log = [json.loads(line) for line in open(two_runs / 'raw' / 'log.jsonl')]
     raw_row = next(r for r in rows if r.startswith('per_loop + raw')).split(',')
-    assert float(raw_row[4]) == pytest.approx(log[-1]['hidden_norm'][-1], abs=0.06)  # ||h_K|| from the log
+    assert float(raw_row[4]) == pytest.approx(log[-1]['hidden_norm'][1], abs=0.06)  # ||h_K|| (K = 2) from the log
     exits = (tmp_path / 'exit_table.md').read_text().splitlines()
     assert len(exits) == 4 and 'confidence mean loops' in exits[0]
     loops = float(exits[2].split('|')[3])
@@ -38,7 +38,7 @@ def test_figures_and_table_from_two_runs(two_runs, tmp_path, capsys):
 def test_every_condition_is_named_back_from_its_flags():
     for name, flags in plot_norms.CONDITIONS.items():
         args = train.parse_args(flags)
-        cfg = {k: getattr(args, k) for k in ('supervision', 'readout', 'norm_penalty', 'recurrence', 'init')}
+        cfg = {k: getattr(args, k) for k in ('supervision', 'readout', 'alpha', 'norm_penalty', 'recurrence', 'init')}
         assert plot_norms.condition_name(cfg) == name
 
 

@@ -51,7 +51,8 @@ def test_smoke_run_writes_log_and_checkpoint(finished_run):
     assert log[0]['config']['model']['n_loop'] == 2 and log[0]['config']['readout'] == 'rmsnorm'
     assert [r['step'] for r in log[1:]] == [0, 3, 6]
     for r in log[1:]:
-        assert isinstance(r['train_loss'], float) and len(r['val_loss']) == 3 and len(r['hidden_norm']) == 2
+        # one scheme for every per-depth list: depths 1..2K
+        assert isinstance(r['train_loss'], float) and len(r['val_loss']) == 4 and len(r['hidden_norm']) == 4
         assert all(np.isfinite(r['val_loss'])) and all(h > 0 for h in r['hidden_norm']) and r['elapsed_s'] >= 0
     ckpt = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=False)
     assert ckpt['step'] == 6 and ckpt['config']['n_loop'] == 2 and ckpt['meta']['vocab_size'] > 0
@@ -134,12 +135,12 @@ def test_cli_error_is_a_single_stderr_line():
 
 def test_missing_default_dataset_without_network(tmp_path, monkeypatch):
     """The default dataset is prepared on first use; when the download fails, one line says what to do."""
-    import shutil
     import urllib.error
     import urllib.request
+    import data
     (tmp_path / 'data' / 'shakespeare_char').mkdir(parents=True)
-    shutil.copy(os.path.join(ROOT, 'data', 'shakespeare_char', 'prepare.py'), tmp_path / 'data' / 'shakespeare_char')
-    monkeypatch.setattr(train, 'HERE', str(tmp_path))
+    monkeypatch.setattr(data, 'HERE', str(tmp_path / 'data'))                       # no prepared dataset
+    monkeypatch.setattr(char_prepare, 'HERE', str(tmp_path / 'data' / 'shakespeare_char'))  # no downloaded text
 
     def offline(*a, **k):
         raise urllib.error.URLError('no network')
@@ -190,19 +191,16 @@ def test_prepare_char_on_a_local_file(tmp_path):
         char_prepare.main(['--input', str(tmp_path / 'missing.txt'), '--out_dir', str(tmp_path)])
 
 
-def test_prepare_bpe_on_a_local_file(tmp_path, monkeypatch):
-    cache = os.environ.get('TIKTOKEN_CACHE_DIR') or os.path.join(ROOT, '..', 'shared', 'tiktoken_cache')
-    if not os.path.isdir(cache):
-        pytest.skip('no tiktoken cache for the GPT-2 BPE (set TIKTOKEN_CACHE_DIR)')
+def test_prepare_bpe_on_a_local_file(tmp_path):
+    from test_wikitext import gpt2_or_skip
+    enc = gpt2_or_skip()
     text = 'First Citizen:\nBefore we proceed any further, hear me speak.\n' * 10
     (tmp_path / 'in.txt').write_text(text)
-    monkeypatch.setenv('TIKTOKEN_CACHE_DIR', cache)
-    r = subprocess.run([sys.executable, 'data/shakespeare/prepare.py', '--input', str(tmp_path / 'in.txt'),
+    r = subprocess.run([sys.executable, '-m', 'data.shakespeare.prepare', '--input', str(tmp_path / 'in.txt'),
                         '--out_dir', str(tmp_path)], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    import tiktoken
     ids = np.concatenate([np.fromfile(tmp_path / f'{s}.bin', np.uint16) for s in ('train', 'val')])
-    assert tiktoken.get_encoding('gpt2').decode(ids.tolist()) == text
+    assert enc.decode(ids.tolist()) == text
 
 
 def readme_commands():

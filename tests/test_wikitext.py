@@ -10,19 +10,20 @@ import numpy as np
 import pytest
 
 import train
-from conftest import ROOT
+from data.wikitext103 import prepare as wikitext_prepare
 
 ARTICLE = (" = Valkyria Chronicles III = \n \n Senjō no Valkyria 3 : <unk> Chronicles ( Japanese : 戦場のヴァルキュリア3 , "
            "lit . Valkyria of the Battlefield 3 ) , commonly referred to as Valkyria Chronicles III outside Japan , is a "
            "tactical role @-@ playing video game developed by Sega and Media.Vision for the PlayStation Portable . \n \n")
 
 
-def load_prepare():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location('prepare_wikitext', os.path.join(ROOT, 'data', 'wikitext103', 'prepare.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def gpt2_or_skip():
+    """tiktoken's GPT-2 encoding, or a skip when it is neither cached nor downloadable (set TIKTOKEN_CACHE_DIR)."""
+    import tiktoken
+    try:
+        return tiktoken.get_encoding('gpt2')
+    except Exception:
+        pytest.skip('no GPT-2 BPE files for tiktoken here (set TIKTOKEN_CACHE_DIR to a folder that holds them)')
 
 
 @pytest.fixture(scope='module')
@@ -36,7 +37,7 @@ def raw_folder(tmp_path_factory):
 @pytest.fixture(scope='module')
 def word_data(raw_folder, tmp_path_factory):
     out = tmp_path_factory.mktemp('wikitext_word')
-    load_prepare().main(['--input', str(raw_folder), '--out_dir', str(out)])
+    wikitext_prepare.main(['--input', str(raw_folder), '--out_dir', str(out)])
     return out
 
 
@@ -55,19 +56,15 @@ def test_word_tokenizer_round_trip(word_data, raw_folder):
 
 
 def test_words_seen_once_become_unk(tmp_path):
-    encode, itos = load_prepare().word_tokenizer('a a b b c')
+    encode, itos = wikitext_prepare.word_tokenizer('a a b b c')
     assert 'c' not in itos and encode('a c zzz') == [itos.index('a'), itos.index(' '), 0, itos.index(' '), 0]
 
 
-def test_gpt2_tokenizer_round_trip(raw_folder, tmp_path, monkeypatch):
-    cache = os.environ.get('TIKTOKEN_CACHE_DIR') or os.path.join(ROOT, '..', 'shared', 'tiktoken_cache')
-    if not os.path.isdir(cache):
-        pytest.skip('no tiktoken cache for the GPT-2 BPE (set TIKTOKEN_CACHE_DIR)')
-    monkeypatch.setenv('TIKTOKEN_CACHE_DIR', cache)
-    load_prepare().main(['--input', str(raw_folder), '--out_dir', str(tmp_path), '--tokenizer=gpt2'])
-    import tiktoken
+def test_gpt2_tokenizer_round_trip(raw_folder, tmp_path):
+    enc = gpt2_or_skip()
+    wikitext_prepare.main(['--input', str(raw_folder), '--out_dir', str(tmp_path), '--tokenizer=gpt2'])
     ids = np.fromfile(tmp_path / 'val.bin', dtype=np.uint16)
-    assert tiktoken.get_encoding('gpt2').decode(ids.tolist()) == (raw_folder / 'wiki.valid.raw').read_text(encoding='utf-8')
+    assert enc.decode(ids.tolist()) == (raw_folder / 'wiki.valid.raw').read_text(encoding='utf-8')
 
 
 def test_paper_44m_trains_end_to_end_on_cpu(word_data, tmp_path, capsys):

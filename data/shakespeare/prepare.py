@@ -1,22 +1,20 @@
 """
 Tiny Shakespeare with the GPT-2 BPE (tiktoken): train.bin / val.bin (uint16 token ids) and meta.pkl.
 
-    python data/shakespeare/prepare.py                                   # downloads the text
-    python data/shakespeare/prepare.py --input=../shared/data/tinyshakespeare.txt
+    python -m data.shakespeare.prepare                               # downloads the text
+    python -m data.shakespeare.prepare --input=tinyshakespeare.txt   # offline, from a local copy
 
-tiktoken fetches its BPE files once; offline, point TIKTOKEN_CACHE_DIR at a folder that holds them
-(../shared/tiktoken_cache does). Expected for the classic file: 301,966 train / 36,059 val tokens.
+tiktoken fetches its BPE files once; offline, point TIKTOKEN_CACHE_DIR at a folder that holds them. Expected for the classic file: 301,966 train / 36,059 val tokens.
 """
 
 import os
 import pickle
 import sys
 
+# the text and its download live with the character-level dataset; reuse that script's loader
+from data.shakespeare_char.prepare import get_text, parse_args, write_split, PrepareError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# the text and its download live with the character-level dataset; reuse that script's loader
-sys.path.insert(0, os.path.join(HERE, '..', 'shakespeare_char'))
-from prepare import get_text, parse_args, write_split, PrepareError  # noqa: E402
 
 
 def main(argv=None):

@@ -1,8 +1,8 @@
 """
 Character-level tiny Shakespeare: writes train.bin / val.bin (uint16 token ids) and meta.pkl (the vocabulary).
 
-    python data/shakespeare_char/prepare.py                                   # downloads the text
-    python data/shakespeare_char/prepare.py --input=../shared/data/tinyshakespeare.txt   # offline
+    python -m data.shakespeare_char.prepare                               # downloads the text
+    python -m data.shakespeare_char.prepare --input=tinyshakespeare.txt   # offline, from a local copy
 
 Running it again rewrites the same files. Expected for the classic file: vocab 65, 1,003,854 train and
 111,540 val characters (a 90/10 split).
@@ -43,7 +43,7 @@ def get_text(input_path=None):
                 data = r.read()
         except OSError as e:  # URLError, timeouts and refused connections are all OSErrors
             raise PrepareError(f"could not download {URL} ({getattr(e, 'reason', e)}); pass a local copy "
-                               f"instead: python {os.path.relpath(__file__)} --input=PATH") from None
+                               f"instead: python -m data.shakespeare_char.prepare --input=PATH") from None
         if len(data) != EXPECTED_BYTES:
             raise PrepareError(f"downloaded {len(data):,} bytes, expected {EXPECTED_BYTES:,}; not keeping it")
         with open(tmp, 'wb') as f:  # write then rename: an interrupted download never looks complete

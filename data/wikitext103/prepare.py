@@ -1,15 +1,15 @@
 """
 WikiText-103 (raw) for the paper-scale configurations: train.bin / val.bin (uint16 token ids) and meta.pkl.
 
-    python data/wikitext103/prepare.py                                   # downloads the 190 MB zip once
-    python data/wikitext103/prepare.py --input=path/to/wikitext-103-raw  # a folder with wiki.{train,valid}.raw
-    python data/wikitext103/prepare.py --tokenizer=gpt2                  # GPT-2 BPE instead (tiktoken)
+    python -m data.wikitext103.prepare                                   # downloads the 190 MB zip once
+    python -m data.wikitext103.prepare --input=path/to/wikitext-103-raw  # a folder with wiki.{train,valid}.raw
+    python -m data.wikitext103.prepare --tokenizer=gpt2                  # GPT-2 BPE instead (tiktoken)
 
 The default tokenizer is the paper's word-level one: a regex splits the text into runs of whitespace, runs of
 word characters, and single punctuation marks; the vocabulary is the 20,000 most frequent tokens that occur at
 least twice in the training split, plus <unk> (id 0) for everything else. It is what makes the paper's models
-44M and 129M parameters; the script prints the parameter counts both configurations get from its vocabulary.
-Only the standard library is needed for the download (urllib, zipfile).
+44M and 129M parameters; the script prints the parameter counts both configurations get from its vocabulary
+(so it imports the model, and with it torch). The download itself uses urllib and zipfile.
 """
 
 import argparse
@@ -92,9 +92,8 @@ def main(argv=None):
         os.replace(os.path.join(args.out_dir, f'{split}.bin.tmp'), os.path.join(args.out_dir, f'{split}.bin'))
     with open(os.path.join(args.out_dir, 'meta.pkl'), 'wb') as f:
         pickle.dump(meta, f)
-    sys.path.insert(0, os.path.join(HERE, '..', '..'))
-    from looped import LoopedGPT  # noqa: E402  (repository root)
-    from train import model_config, parse_args  # noqa: E402
+    from looped import LoopedGPT
+    from train import model_config, parse_args
     for name in ('paper_44m', 'paper_129m'):
         with_vocab = LoopedGPT(model_config(parse_args([f'--config={name}']), meta['vocab_size']))
         print(f"{name} with this vocabulary ({meta['vocab_size']:,}): {with_vocab.num_params():,} parameters")

@@ -1,0 +1,120 @@
+"""
+Write the student copy of this repository: every tracked file (no git history), with the bodies of the
+functions the chosen assignments ask for replaced by `raise NotImplementedError("aN: see assignments/README.md")`.
+Signatures and docstrings stay, so the student sees what to write and where.
+
+    python assignments/make_student.py /tmp/student                 # all assignments
+    python assignments/make_student.py /tmp/student --only a1,a3    # just these
+
+Which functions belong to which assignment is listed in assignments/stubs.py; the bodies are found by
+qualified name with Python's ast module, so the reference files need no markers.
+"""
+
+import argparse
+import ast
+import os
+import shutil
+import subprocess
+import sys
+
+from stubs import ASSIGNMENTS
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def tracked_files(root):
+    """The files git tracks under root (what a clone has); without git, every file but build and run output."""
+    try:
+        out = subprocess.run(['git', 'ls-files', '-z'], cwd=root, capture_output=True, check=True).stdout
+        return [f for f in out.decode().split('\0') if f]
+    except (OSError, subprocess.CalledProcessError):
+        skip = {'.git', 'out', '__pycache__', '.pytest_cache'}
+        files = []
+        for folder, dirs, names in os.walk(root):
+            dirs[:] = [d for d in dirs if d not in skip]
+            files += [os.path.relpath(os.path.join(folder, n), root) for n in names
+                      if not n.endswith(('.bin', '.pkl', '.pt', '.pyc'))]
+        return files
+
+
+def find_function(tree, qualname):
+    """The FunctionDef for 'name' or 'Class.name' at the top level of a module's ast; None if absent."""
+    *classes, name = qualname.split('.')
+    body = tree.body
+    for cls in classes:
+        body = next((n.body for n in body if isinstance(n, ast.ClassDef) and n.name == cls), [])
+    return next((n for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name), None)
+
+
+def stub_source(source, qualnames, message):
+    """source with the body of each function in qualnames cut down to its docstring plus a raise."""
+    tree = ast.parse(source)
+    lines = source.splitlines(keepends=True)
+    cuts = []
+    for qualname in qualnames:
+        fn = find_function(tree, qualname)
+        if fn is None:
+            raise SystemExit(f"make_student.py: error: {qualname} not found; assignments/stubs.py is out of date")
+        first = fn.body[0]
+        has_doc = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)
+        body = fn.body[1:] if has_doc else fn.body
+        start = first.end_lineno if has_doc else first.lineno - 1  # 0-based index of the first line to cut
+        while not has_doc and lines[start - 1].strip().startswith('#'):
+            start -= 1  # comments that open the body are part of the answer too
+        indent = ' ' * (body[0].col_offset if body else first.col_offset)
+        cuts.append((start, fn.end_lineno, f'{indent}raise NotImplementedError("{message}")\n'))
+    for start, end, stub in sorted(cuts, reverse=True):  # bottom-up, so earlier line numbers stay valid
+        lines[start:end] = [stub]
+    return ''.join(lines)
+
+
+def make_student(out, only=None):
+    chosen = only or list(ASSIGNMENTS)
+    by_file = {}
+    for a in chosen:
+        for target in ASSIGNMENTS[a][1]:
+            path, qualname = target.split('::')
+            by_file.setdefault(path, []).append((qualname, f"{a}: see assignments/README.md"))
+    for rel in tracked_files(ROOT):
+        src, dst = os.path.join(ROOT, rel), os.path.join(out, rel)
+        if not os.path.isfile(src):
+            continue  # tracked but deleted in this working tree
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        if rel in by_file:
+            with open(src, encoding='utf-8') as f:
+                text = f.read()
+            for qualname, message in by_file[rel]:  # one at a time: each cut changes the line numbers
+                text = stub_source(text, [qualname], message)
+            with open(dst, 'w', encoding='utf-8') as f:
+                f.write(text)
+        else:
+            shutil.copy2(src, dst)
+    return chosen
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.error = lambda msg: sys.exit(f"make_student.py: error: {msg}")
+    p.add_argument('out', help='folder for the student copy (must not exist yet, or be empty)')
+    p.add_argument('--only', default=None, help=f"comma-separated assignments, e.g. a1,a3 (of {','.join(ASSIGNMENTS)})")
+    args = p.parse_args(argv)
+    only = None
+    if args.only:
+        only = [a.strip().lower() for a in args.only.split(',') if a.strip()]
+        unknown = [a for a in only if a not in ASSIGNMENTS]
+        if unknown:
+            p.error(f"unknown assignment {', '.join(unknown)}: use {', '.join(ASSIGNMENTS)}")
+    if os.path.exists(args.out) and (not os.path.isdir(args.out) or os.listdir(args.out)):
+        p.error(f"{args.out} exists and is not an empty folder; the student copy needs a fresh one")
+    if os.path.abspath(args.out).startswith(ROOT + os.sep):
+        p.error(f"{args.out} is inside the repository; write the student copy somewhere else")
+    chosen = make_student(args.out, only)
+    print(f"wrote a student copy to {args.out}, with {', '.join(chosen)} to write:")
+    for a in chosen:
+        title, targets = ASSIGNMENTS[a]
+        print(f"  {a} {title}: {', '.join(targets)}")
+    print(f"next: cd {args.out} && python -m pytest -q assignments   (every grader fails until its assignment is done)")
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,22 @@
+"""
+Which functions each assignment asks students to write, by file and qualified name. make_student.py replaces
+the bodies of exactly these (docstring and signature kept) with a NotImplementedError, so the reference code
+in looped.py and diagnose.py carries no markers of its own. Keep this list and the handout in step.
+"""
+
+ASSIGNMENTS = {
+    'a1': ('Readouts and scale invariance',
+           ['looped.py::RMSNorm.forward', 'looped.py::Readout.forward']),
+    'a2': ('The zero radial gradient, in closed form',
+           ['diagnose.py::rmsnorm_radial_grad']),
+    'a3': ('The loop: residual and normed recurrence',
+           ['looped.py::LoopedGPT.loops']),
+    'a4': ('Dense versus terminal supervision',
+           ['looped.py::LoopedGPT.supervision_loss']),
+    'a5': ('The norm penalty, and the blind spot in training',
+           ['looped.py::LoopedGPT.norm_penalty']),
+    'a6': ('The alpha readout',
+           ['looped.py::AlphaNorm.forward']),
+    'a7': ('Calibrated early exit',
+           ['looped.py::exit_passes', 'diagnose.py::exit_depths', 'diagnose.py::calibrate_exit']),
+}

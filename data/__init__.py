@@ -1,0 +1,41 @@
+"""
+The datasets train.py and diagnose.py read: each one a folder under data/ with train.bin and val.bin (uint16
+token ids) and meta.pkl (the vocabulary), written by that folder's prepare script:
+
+    python -m data.shakespeare_char.prepare      # characters of tiny Shakespeare (prepared on first use)
+    python -m data.shakespeare.prepare           # the same text in GPT-2 BPE
+    python -m data.wikitext103.prepare           # WikiText-103, the paper's word-level tokenizer
+
+Any folder with those three files works too: pass its path as --dataset.
+"""
+
+import os
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DATASETS = ('shakespeare_char', 'shakespeare', 'wikitext103')
+FILES = ('train.bin', 'val.bin', 'meta.pkl')
+
+
+def find_dataset(name):
+    """The folder of a dataset given by name or path; the default one is prepared on first use.
+    ValueError with a one-line hint when it cannot be had."""
+    if name in DATASETS:
+        folder = os.path.join(HERE, name)
+    elif os.path.isdir(name):
+        folder = name
+    else:
+        raise ValueError(f"unknown dataset {name!r}: use one of {', '.join(DATASETS)} or a folder with "
+                         f"{', '.join(FILES)}")
+    if all(os.path.exists(os.path.join(folder, f)) for f in FILES):
+        return folder
+    if name not in DATASETS:
+        raise ValueError(f"{folder} lacks {', '.join(f for f in FILES if not os.path.exists(os.path.join(folder, f)))}")
+    if name != 'shakespeare_char':
+        raise ValueError(f"{folder} has no {', '.join(FILES)}; prepare it first: python -m data.{name}.prepare")
+    from data.shakespeare_char import prepare  # only the 1 MB default is fetched without being asked
+    print(f"{folder} is not prepared yet; preparing it now")
+    try:
+        prepare.prepare(prepare.get_text(), folder)
+    except prepare.PrepareError as e:
+        raise ValueError(f"dataset {name} is not prepared and {e}") from None
+    return folder
