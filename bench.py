@@ -8,7 +8,7 @@ Time training steps on synthetic data: tokens/s, MFU, peak memory, compile time.
 Takes train.py's flags (--config, the model and variant flags, --device, --dtype, --compile, ...: see
 python train.py --help) plus its own --vocab_size, --steps and --warmup. Peak memory is the CUDA allocator's
 peak on a GPU, the MPS driver's allocation on Apple silicon, and on a CPU how far the process's peak resident
-memory rose above its peak before the first step (run one configuration per process to compare them).
+memory rose above its resident memory before the first step (run one configuration per process to compare them).
 """
 
 import argparse
@@ -26,6 +26,15 @@ def peak_rss_mib():
     """The process's peak resident memory so far (ru_maxrss is in KiB on Linux, in bytes on macOS)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**20 if sys.platform == 'darwin' else peak / 2**10
+
+
+def rss_mib():
+    """Resident memory now, where /proc tells it (Linux); elsewhere the peak so far, the best portable stand-in."""
+    try:
+        with open('/proc/self/statm') as f:
+            return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+    except OSError:
+        return peak_rss_mib()
 
 
 def parse(argv=None):
@@ -74,7 +83,7 @@ def main(argv=None):
         return loss.item()  # a sync, as in train.py
 
     sync = {'cuda': torch.cuda.synchronize, 'mps': torch.mps.synchronize}.get(rt.device_type, lambda: None)
-    base = peak_rss_mib()
+    base = rss_mib()  # what the model, optimizer and batch hold before the first step
     t0 = time.time()
     for _ in range(mine.warmup):
         step()

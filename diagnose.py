@@ -54,7 +54,7 @@ def per_token_depth_stats(model, x, y, n_loop, batch_size=32):
     """For every target token and loop k = 1..n_loop: cross-entropy, top probability, and KL(p_k || p_{k-1})
     (inf at k = 1). Three arrays of shape (tokens, n_loop)."""
     ce, pmax, kl = [], [], []
-    for i in range(0, len(x), batch_size):
+    for i in range(0, len(x), batch_size):  # in batches: all windows at once would hold (N, T, V) log-probs
         xb, yb = x[i:i + batch_size], y[i:i + batch_size]
         prev, rows = None, ([], [], [])
         for k, h in model.loops(model.embed(xb), n_loop):
@@ -82,6 +82,7 @@ def calibrate_exit(rule, ce, pmax, kl, K, tolerance=0.01):
     searched over quantiles of the rule's signal. ce, pmax, kl: (tokens, >= K).
     Returns (threshold, mean loops, perplexity); a threshold that never exits early when nothing qualifies."""
     signal = pmax[:, :K] if rule == 'confidence' else kl[:, 1:K]
+    # candidate thresholds at the signal's quantiles: every operating point the data can produce, in 201 steps
     candidates = np.unique(np.quantile(signal, np.linspace(0, 1, 201)))
     full = math.exp(ce[:, K - 1].mean())
     best = (math.inf if rule == 'confidence' else -math.inf, float(K), full)  # never exit early
@@ -127,9 +128,11 @@ def radial_gradient(model, x, y, K):
         states.append(h)
         normed.append(y_k)
         ces.append(F.nll_loss(F.log_softmax(model.lm_head(y_k).float(), -1).flatten(0, 1), y.flatten()))
-    objective = model.supervision_loss(ces)
+    objective = model.supervision_loss(ces)  # the loss training actually follows, penalty included
     if model.config.norm_penalty > 0:
         objective = objective + model.norm_penalty(states)
+    # 'own CE': loop k's cross-entropy through its readout alone; 'training': the whole objective, which also
+    # reaches h_k through the later loops
     direct = [torch.autograd.grad(ce, [s, n], retain_graph=True) for ce, s, n in zip(ces, states, normed)]
     total = torch.autograd.grad(objective, states)
     frac = lambda g, s: (F.cosine_similarity(g, s.detach(), dim=-1).abs()).mean().item()
@@ -214,7 +217,8 @@ def lemma_check(model, x, n_loop=30):
 
 
 def plot_lemma(table, K, title, path):
-    """Two panels against loop k: the scale s_k with the step size, and the angle with 1/s_k scaled to fit."""
+    """Two panels against loop k: the scale s_k with the step across the direction, and the angle with c / s_k
+    (c fitted through loops 2..n) for reference. The grey line marks the trained K."""
     import matplotlib
     matplotlib.use('Agg')  # files only; no display needed
     import matplotlib.pyplot as plt
@@ -223,11 +227,11 @@ def plot_lemma(table, K, title, path):
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     left.plot(k, s, 'o-', color='#0072B2', ms=3, label='scale $s_k$ = RMS($h_k$)')
     left.plot(k, step, 's--', color='#D55E00', ms=3, label=r'step across: $\|\Delta u\| \cdot s_k$')
-    left.set(xlabel='loop k', ylabel='RMS units', yscale='log', title='the scale grows, the step does not')
+    left.set(xlabel='loop k', ylabel='RMS units', yscale='log', title='scale of the state, and the step across it')
     right.plot(k, angle, 'o-', color='#000000', ms=3, label='angle turned by loop k')
     fit = np.median(angle[1:] * s[1:]) / s  # the best c / s_k through the later loops
     right.plot(k, fit, ':', color='#009E73', label=r'$c / s_k$')
-    right.set(xlabel='loop k', ylabel='degrees', yscale='log', title='so the turn shrinks like 1 / s')
+    right.set(xlabel='loop k', ylabel='degrees', yscale='log', title='angle turned per loop, against c / s')
     for ax in (left, right):
         ax.axvline(K, color='grey', lw=0.8)
         ax.grid(True, which='both', alpha=0.3)
@@ -289,6 +293,7 @@ def main(argv=None):
                 print(f"{rule:>10}: threshold {t:.4g}, mean loops {depth:.2f} of {K}, perplexity {ppl:.3f} "
                       f"(depth {K}: {math.exp(ce[:, K - 1].mean()):.3f})")
 
+    # the scale diagnostics need gradients or many forward passes per window: a fixed, smaller set of windows
     x, y = (t.to(device) for t in windows(tokens, c.block_size, args.diag_windows))
     if args.only in ('all', 'scale'):
         print(f"\nscale sensitivity: validation loss when h_k is multiplied by a before the readout ({len(x)} windows)")

@@ -99,6 +99,8 @@ def load_run(folder):
 
 def group_runs(runs):
     """Runs that differ only in their seed together, in CONDITIONS order, then any others."""
+    # two runs are seeds of one condition when every flag but these agrees (max_iters: a resumed, longer run
+    # is still the same condition)
     same = lambda run: json.dumps({k: v for k, v in run['config'].items()
                                    if k not in ('seed', 'out_dir', 'resume', 'overwrite', 'max_iters')}, sort_keys=True)
     by_setting = {}
@@ -116,13 +118,14 @@ def group_runs(runs):
 
 def series(runs, key, index=None):
     """steps and a (seeds, evals) array of r[key] (or r[key][index]), over the evaluations all seeds have."""
-    n = min(len(run['records']) for run in runs)
+    n = min(len(run['records']) for run in runs)  # a seed still training must not cut the others' curves short
     steps = [r['step'] for r in runs[0]['records'][:n]]
     pick = (lambda r: r[key]) if index is None else (lambda r: r[key][index])
     return steps, np.array([[pick(r) for r in run['records'][:n]] for run in runs])
 
 
 def mean_std(values):
+    # std over seeds (population, ddof 0): with 3 seeds it describes the spread seen, it is no confidence interval
     values = np.asarray(values, dtype=float)
     return values.mean(axis=0), values.std(axis=0)
 
@@ -275,6 +278,7 @@ def run_grid(config, seeds, out_root, extra):
         cmd = [sys.executable, os.path.join(HERE, 'train.py'), f'--config={config}', *GRID_FLAGS.get(config, []),
                *flags, f'--seed={seed}', f'--out_dir={folder}', *extra]
         state = 'new'
+        # a grid takes a while: rerunning the command must never redo finished work or lose an interrupted run
         if os.path.exists(os.path.join(folder, 'ckpt.pt')):
             try:
                 run = load_run(folder)
@@ -290,6 +294,7 @@ def run_grid(config, seeds, out_root, extra):
             cmd.append('--overwrite')  # a log with no checkpoint: the run died before its first save
         eta = '' if i == 0 else f", ETA {(time.time() - t0) / i * (len(jobs) - i) / 60:.0f} min"
         print(f"[{i + 1}/{len(jobs)}] {folder}: training ({state}{eta})", flush=True)
+        # one process per run: each starts from a clean torch state, and a crash names its condition
         result = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         if os.path.isdir(folder):  # keep train.py's own output beside its log
             with open(os.path.join(folder, 'train.out'), 'a') as f:
@@ -328,12 +333,12 @@ def main(argv=None):
     folders = []
     if args.run:
         folders = run_grid(args.config, range(1, args.seeds + 1), args.out_root, shlex.split(args.train_args))
-    for pattern in args.runs:
+    for pattern in args.runs:  # quoted globs are expanded here, so they work the same on every shell
         matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
         if not matches:
             p.error(f"{pattern}: matches no folder")
         folders += [m for m in matches if m not in folders]
-    try:
+    try:  # read every log before drawing anything: one bad folder is one line, not a half-written figure set
         runs = [load_run(folder) for folder in folders]
     except LogError as e:
         sys.exit(f"plot_norms.py: error: {e}")

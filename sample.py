@@ -17,7 +17,8 @@ from looped import EXITS, LoopedGPT, resolve_device
 
 
 def get_codec(meta):
-    """encode(str) -> list of ids and decode(list) -> str, from the vocabulary stored in the checkpoint."""
+    """encode(str) -> list of ids and decode(list) -> str, from the vocabulary stored in the checkpoint (train.py
+    saves the dataset's meta.pkl there), so sampling needs neither the data folder nor the prepare script."""
     if meta.get('tokenizer') == 'gpt2':
         import tiktoken
         enc = tiktoken.get_encoding('gpt2')
@@ -27,9 +28,9 @@ def get_codec(meta):
         stoi = {tok: i for i, tok in enumerate(meta['itos'])}
         return (lambda s: [stoi.get(t, 0) for t in re.findall(meta['pattern'], s)]), \
             (lambda ids: ''.join(meta['itos'][i] for i in ids))
-    stoi, itos = meta['stoi'], meta['itos']
+    stoi, itos = meta['stoi'], meta['itos']  # character level
 
-    def encode(s):
+    def encode(s):  # a character the model never saw has no id: say which, rather than a KeyError
         unknown = sorted(set(s) - set(stoi))
         if unknown:
             raise ValueError(f"the start text has characters outside the model's vocabulary: {unknown!r}")
@@ -64,7 +65,7 @@ def main(argv=None):
         p.error(f"--n_loop={args.n_loop} must be at least 1")
     if args.exit != 'none' and args.exit_threshold is None:
         p.error(f"--exit={args.exit} needs --exit_threshold")
-    if args.temperature <= 0 or args.top_k < 1 or args.num_samples < 1 or args.max_new_tokens < 0:
+    if not args.temperature > 0 or args.top_k < 1 or args.num_samples < 1 or args.max_new_tokens < 0:
         p.error("need --temperature > 0, --top_k >= 1, --num_samples >= 1 and --max_new_tokens >= 0")
 
     try:
@@ -82,13 +83,13 @@ def main(argv=None):
     if not ids:
         p.error("the start text is empty")
 
-    torch.manual_seed(args.seed)
-    n_loop = args.n_loop or config.n_loop
+    torch.manual_seed(args.seed)  # the same seed gives the same samples
+    n_loop = args.n_loop or config.n_loop  # more than the trained K extrapolates, fewer exits early
     print(f"{args.out_dir} at step {ckpt['step']}: {config.readout} readout, {config.recurrence} recurrence, "
           f"trained with K={config.n_loop}, sampling with {n_loop} loops per token")
     x = torch.tensor(ids, dtype=torch.long, device=device)[None, :]  # (1, T)
     exit_rule = None if args.exit == 'none' else args.exit
-    loops = []
+    loops = []  # loops used per generated token, over all samples
     for _ in range(args.num_samples):
         y, used = model.generate(x, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                                  n_loop=n_loop, exit_rule=exit_rule, exit_threshold=args.exit_threshold)

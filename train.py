@@ -5,13 +5,16 @@ The laptop demo (2-core CPU, about 3 minutes each); each run writes its own fold
     python train.py --readout=rmsnorm --norm_penalty=0      # the blind spot: ||h_K|| climbs
     python train.py --readout=raw                           # scale visible to the loss: ||h_K|| stays small
     python train.py --norm_penalty=0.01                     # explicit penalty
-    python train.py --recurrence=normed                     # inter-loop normalization removes the scale
+    python train.py --recurrence=normed                     # inter-loop normalization: no compounding
+    python train.py --readout=alpha                         # let cross-entropy choose how much scale to see
 A larger character-level model on one GPU (CUDA: bf16, TF32, fused AdamW, torch.compile by default):
     python train.py --config=gpu_char --readout=rmsnorm
 Continue an interrupted run (same flags), or extend it:
     python train.py --readout=rmsnorm --resume --max_iters=1200
-Tests:
-    python -m pytest -q tests
+Several processes (each takes one micro-step per optimizer step unless --grad_accum says otherwise):
+    torchrun --standalone --nproc_per_node=2 train.py --device=cpu
+Tests (and the course graders):
+    python -m pytest -q tests assignments
 """
 
 import argparse
@@ -360,6 +363,8 @@ def main(argv=None):
         dist.barrier()
     os.makedirs(args.out_dir, exist_ok=True)
     if not args.resume and master:  # a fresh run starts a fresh log, headed by everything needed to reproduce it
+        if os.path.exists(ckpt_path):  # --overwrite: the old checkpoint goes now, or a crash before the first
+            os.remove(ckpt_path)       # save would leave it to be resumed under the new run's log
         with open(log_path, 'w') as f:
             f.write(json.dumps({'config': {**vars(args), 'model': config.to_dict(), 'num_params': raw_model.num_params()}}) + '\n')
 

@@ -92,11 +92,16 @@ def make_student(out, only=None):
     return chosen
 
 
-def main(argv=None):
+def get_parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.error = lambda msg: sys.exit(f"make_student.py: error: {msg}")
     p.add_argument('out', help='folder for the student copy (must not exist yet, or be empty)')
     p.add_argument('--only', default=None, help=f"comma-separated assignments, e.g. a1,a3 (of {','.join(ASSIGNMENTS)})")
+    return p
+
+
+def main(argv=None):
+    p = get_parser()
     args = p.parse_args(argv)
     only = None
     if args.only:

@@ -108,6 +108,9 @@ def test_refuses_to_overwrite_a_run(finished_run):
     (['--dataset=no/such/folder'], 'unknown dataset'),
     (['--resume', '--out_dir={empty}'], 'no checkpoint at'),
     (['--resume', '--out_dir={truncated}'], 'unreadable'),
+    (['--device=bogus'], 'unknown device'),
+    (['--readout=raw', '--alpha=0.5'], 'only used by'),
+    (['--grad_accum=0'], 'grad_accum=0 must be at least 1'),
 ])
 def test_bad_input_is_one_line_and_harmless(finished_run, tmp_path, flags, message):
     data, out = finished_run
@@ -203,21 +206,103 @@ def test_prepare_bpe_on_a_local_file(tmp_path):
     assert enc.decode(ids.tolist()) == text
 
 
-def readme_commands():
+def readme():
     with open(os.path.join(ROOT, 'README.md')) as f:
-        readme = f.read()
-    cmds = re.findall(r'^\s*(?:\$ )?python3? (train|sample|plot_norms|diagnose|bench)\.py(.*)$', readme, flags=re.M)
+        return f.read()
+
+
+def readme_commands():
+    """(script, rest of the line) for every python/torchrun command line in the README's code blocks."""
+    cmds = re.findall(r'^\s*(?:\$ )?(?:python3?|torchrun(?: --\S+)*) ((?:-m )?[\w./]+?)(?:\.py)?(?= |$)(.*)$', readme(), flags=re.M)
     assert len(cmds) >= 5, 'the README should show its train/sample commands'
     return cmds
 
 
 def test_every_readme_command_parses():
+    """Every command the README shows parses with its script's own parser (a renamed or removed flag fails)."""
+    import importlib
+    sys.path.insert(0, os.path.join(ROOT, 'assignments'))
+    seen = set()
     for script, rest in readme_commands():
-        argv = shlex.split(rest.split('#')[0])
-        if script == 'train':
+        argv = shlex.split(rest.split('  #')[0].split(' && ')[0].split('; ')[0])
+        if script.startswith('-m '):
+            if script == '-m pytest':
+                continue
+            importlib.import_module(script[3:]).get_parser().parse_args(argv)  # a data/<name>/prepare.py
+        elif script == 'train':
             train.parse_args(argv)
         elif script == 'bench':
             bench.parse(argv)
+        elif script.startswith('assignments/'):
+            importlib.import_module(script.split('/')[1]).get_parser().parse_args(argv)
         else:
-            parser = {'sample': sample, 'plot_norms': plot_norms, 'diagnose': diagnose}[script].get_parser()
-            parser.parse_args(argv)
+            {'sample': sample, 'plot_norms': plot_norms, 'diagnose': diagnose}[script].get_parser().parse_args(argv)
+        seen.add(script)
+    assert {'train', 'sample', 'plot_norms', 'diagnose', 'bench', '-m data.shakespeare_char.prepare'} <= seen, seen
+
+
+def test_readme_flags_exist_and_the_concept_table_matches_the_defaults():
+    """Every --flag the README names belongs to one of the scripts, and the defaults its flags table states are
+    train.py's."""
+    known = {opt for parser in (train.get_parser(), sample.get_parser(), diagnose.get_parser(), plot_norms.get_parser())
+             for action in parser._actions for opt in action.option_strings}
+    known |= {'--vocab_size', '--steps', '--warmup'}                      # bench.py's own flags
+    known |= {'--input', '--out_dir', '--tokenizer', '--only', '--runs', '--tolerance'}  # prepare and assignments
+    known |= {'--standalone', '--nproc_per_node'}                         # torchrun's
+    named = set(re.findall(r'(?<![\w-])(--[a-z][a-z0-9_]*)', readme()))
+    assert named - known == set(), named - known
+    table = re.findall(r'^\| `(--\w+)` \| `([^`]*)` \|', readme(), flags=re.M)
+    assert len(table) >= 5, table
+    parser = train.get_parser()
+    parser.set_defaults(**train.CONFIGS['laptop'])
+    for flag, default in table:
+        assert str(parser.get_default(flag[2:])) == default, (flag, default, parser.get_default(flag[2:]))
+
+
+def test_sample_needs_only_the_model_file(finished_run, tmp_path):
+    """sample.py runs from a folder that holds nothing of this repository but sample.py and looped.py."""
+    import shutil
+    _, out = finished_run
+    for name in ('sample.py', 'looped.py'):
+        shutil.copy(os.path.join(ROOT, name), tmp_path / name)
+    r = subprocess.run([sys.executable, 'sample.py', '--out_dir', str(out), '--max_new_tokens=10', '--num_samples=1'],
+                       cwd=tmp_path, capture_output=True, text=True, env={**os.environ, 'PYTHONPATH': ''})
+    assert r.returncode == 0 and 'mean loops per token' in r.stdout, r.stderr
+
+
+def test_the_repository_speaks_of_itself_alone():
+    """No tracked file but .ci/run names the folders and notes that only this project's developers have."""
+    files = subprocess.run(['git', 'ls-files'], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    if not files:
+        pytest.skip('not a git checkout')
+    needles = ('../' + 'shared', 'REFERENCE' + '.md')  # spelled in two parts so that this file passes its own test
+    for name in files:
+        if name == '.ci/run' or not os.path.isfile(os.path.join(ROOT, name)):
+            continue
+        with open(os.path.join(ROOT, name), 'rb') as f:
+            text = f.read().decode('utf-8', errors='ignore')
+        assert not any(n in text for n in needles), name
+
+
+def test_overwrite_removes_the_old_checkpoint_before_training(finished_run, tmp_path, monkeypatch):
+    """--overwrite, then a crash before the first save, must not leave the old model to be resumed."""
+    import shutil
+    data, out = finished_run
+    copy = tmp_path / 'run'
+    shutil.copytree(out, copy)
+
+    def crash(self, *a, **k):  # the first training step dies, before anything is saved
+        raise RuntimeError('simulated crash')
+    monkeypatch.setattr(train.LoopedGPT, 'forward', crash)
+    with pytest.raises(RuntimeError, match='simulated'):
+        run_train(data, copy, '--overwrite', '--readout=raw', '--max_iters=4', '--eval_interval=100')
+    assert not (copy / 'ckpt.pt').exists() and read_log(copy)[0]['config']['readout'] == 'raw'
+
+
+def test_prepare_refuses_a_too_large_vocabulary_before_writing(tmp_path):
+    char_prepare.prepare('abcdefgh' * 20, str(tmp_path))
+    before = {n: digest(tmp_path / n) for n in ('train.bin', 'val.bin', 'meta.pkl')}
+    huge = ''.join(chr(i) for i in range(0x4E00, 0x4E00 + 70000) if not 0xD800 <= i < 0xE000)
+    with pytest.raises(char_prepare.PrepareError, match='distinct characters'):
+        char_prepare.prepare(huge, str(tmp_path))
+    assert {n: digest(tmp_path / n) for n in before} == before

@@ -84,3 +84,26 @@ def test_paper_44m_trains_end_to_end_on_cpu(word_data, tmp_path, capsys):
     capsys.readouterr()
     sample.main(['--out_dir', str(tmp_path), '--start', ' = Valkyria', '--max_new_tokens=5', '--num_samples=1'])
     assert ' = Valkyria' in capsys.readouterr().out
+
+
+def test_epochs_count_windows_at_half_stride_as_the_authors_do():
+    # 1,000 tokens in windows of 256 at stride 128: starts 0, 128, ..., 640 (each window needs 257 tokens with
+    # its target), so 6 windows an epoch; 4 epochs at 64 windows a step is one step, at 2 a step twelve
+    assert train.steps_from_epochs(4, 1000, 256, 64) == (1, 6)
+    assert train.steps_from_epochs(4, 1000, 256, 2) == (12, 6)
+    # about twice the steps of one pass over the tokens, for a long split
+    steps, windows = train.steps_from_epochs(1, 10_000_000, 256, 64)
+    assert windows == pytest.approx(2 * 10_000_000 / 256, rel=1e-3)
+
+
+def test_paper_config_prints_its_step_count(word_data, tmp_path, capsys):
+    train.main(['--config=paper_44m', '--dataset', str(word_data), '--epochs=0.05', '--batch_size=2',
+                '--block_size=64', '--eval_interval=100', '--eval_iters=1', '--out_dir', str(tmp_path)])
+    n = len(np.fromfile(word_data / 'train.bin', dtype=np.uint16))
+    steps, windows = train.steps_from_epochs(0.05, n, 64, 2)
+    assert f"0.05 epochs x {windows:,} windows ({n:,} tokens in windows of 64 at stride 32) / 2 per step = {steps:,} steps" \
+        in capsys.readouterr().out
+    with open(tmp_path / 'log.jsonl') as f:
+        assert [json.loads(line) for line in f][-1]['step'] == steps
+    with pytest.raises(SystemExit, match='not both'):
+        train.parse_args(['--config=paper_44m', '--epochs=1', '--max_iters=5'])

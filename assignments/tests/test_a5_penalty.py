@@ -38,6 +38,7 @@ def test_the_model_penalizes_the_states_before_any_inter_loop_norm(recurrence):
 @pytest.fixture(scope='module')
 def norms(tmp_path_factory):
     """||h_k||, k = 1..4, after 40 steps on tiny Shakespeare: the penalty run first (it needs your code)."""
+    tiny(norm_penalty=0.01, recurrence='normed')(*batch())  # your code runs before the corpus is looked for
     return {name: short_run(tmp_path_factory, *flags) for name, flags in
             [('penalty', ['--norm_penalty=0.01']), ('rmsnorm', []), ('normed', ['--recurrence=normed'])]}
 

@@ -12,13 +12,18 @@ import pickle
 import sys
 
 # the text and its download live with the character-level dataset; reuse that script's loader
-from data.shakespeare_char.prepare import get_text, parse_args, write_split, PrepareError
+from data.shakespeare_char.prepare import PrepareError, get_text, write_split
+from data.shakespeare_char.prepare import get_parser as char_parser
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def get_parser():
+    return char_parser(__doc__, HERE)  # the same flags as the character-level script
+
+
 def main(argv=None):
-    args = parse_args(__doc__, HERE, argv)
+    args = get_parser().parse_args(argv)
     try:
         text = get_text(args.input)
     except PrepareError as e:

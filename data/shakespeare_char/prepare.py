@@ -64,27 +64,30 @@ def prepare(text, out_dir):
     if len(text) < 100:
         raise PrepareError(f"the text has only {len(text)} characters; need at least 100")
     chars = sorted(set(text))
+    if len(chars) > 65536:  # checked before anything is written: a prepared dataset is never half replaced
+        raise PrepareError(f"the text has {len(chars):,} distinct characters; uint16 ids allow at most 65,536")
     stoi = {ch: i for i, ch in enumerate(chars)}
     n = int(0.9 * len(text))
     os.makedirs(out_dir, exist_ok=True)
     write_split([stoi[c] for c in text[:n]], os.path.join(out_dir, 'train.bin'))
     write_split([stoi[c] for c in text[n:]], os.path.join(out_dir, 'val.bin'))
     meta = {'vocab_size': len(chars), 'itos': dict(enumerate(chars)), 'stoi': stoi, 'tokenizer': 'char'}
-    with open(os.path.join(out_dir, 'meta.pkl'), 'wb') as f:
+    with open(os.path.join(out_dir, 'meta.pkl.tmp'), 'wb') as f:
         pickle.dump(meta, f)
+    os.replace(os.path.join(out_dir, 'meta.pkl.tmp'), os.path.join(out_dir, 'meta.pkl'))
     return len(chars), n, len(text) - n
 
 
-def parse_args(doc, default_out_dir, argv):
+def get_parser(doc=__doc__, default_out_dir=HERE):
     """The flags both Shakespeare prepare scripts take."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--input', default=None, help='local copy of the text (default: download it)')
     parser.add_argument('--out_dir', default=default_out_dir, help='where train.bin, val.bin and meta.pkl go')
-    return parser.parse_args(argv)
+    return parser
 
 
 def main(argv=None):
-    args = parse_args(__doc__, HERE, argv)
+    args = get_parser().parse_args(argv)
     try:
         text = get_text(args.input)
         vocab, n_train, n_val = prepare(text, args.out_dir)

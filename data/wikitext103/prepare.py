@@ -66,12 +66,16 @@ def word_tokenizer(train_text):
     return (lambda text: [stoi.get(tok, 0) for tok in re.findall(PATTERN, text)]), itos
 
 
-def main(argv=None):
+def get_parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--input', default=None, help='the zip, or a folder with wiki.train.raw and wiki.valid.raw')
     p.add_argument('--tokenizer', default='word', choices=['word', 'gpt2'])
     p.add_argument('--out_dir', default=HERE, help='where train.bin, val.bin and meta.pkl go')
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None):
+    args = get_parser().parse_args(argv)
     t0 = time.time()
     texts = read_splits(args.input)
     print(f"read {', '.join(f'{s} {len(t):,} characters' for s, t in texts.items())}")
