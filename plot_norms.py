@@ -169,7 +169,7 @@ def plot(groups, fig_dir):
     first = next(iter(groups.values()))
     seeds = sorted({len(runs) for runs in groups.values()})
     title = describe(first) + f", {'/'.join(map(str, seeds))} seed{'s' * (seeds != [1])} per condition"
-    title += ' (mean, band: +- 1 std)' if seeds != [1] else ''
+    title += '\n(mean over seeds; band: +- 1 std)' if seeds != [1] else ''
     K = first[0]['config']['model']['n_loop']
     paths = []
 

@@ -14,8 +14,8 @@ import sys
 
 # key -> (run folder under --runs, what to read from its last evaluation record)
 CHECKS = {
-    'a3_normed_norm_loop1': ('laptop-normed', lambda r, K: r['hidden_norm'][0]),
-    'a3_normed_norm_loop4': ('laptop-normed', lambda r, K: r['hidden_norm'][K - 1]),
+    'a5_normed_norm_loop1': ('laptop-normed', lambda r, K: r['hidden_norm'][0]),
+    'a5_normed_norm_loop4': ('laptop-normed', lambda r, K: r['hidden_norm'][K - 1]),
     'a5_rmsnorm_norm_K': ('laptop', lambda r, K: r['hidden_norm'][K - 1]),
     'a5_penalty_norm_K': ('laptop-pen0.01', lambda r, K: r['hidden_norm'][K - 1]),
     'a6_alpha_per_loop': ('laptop-alpha', lambda r, K: r['alpha']),
