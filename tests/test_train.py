@@ -212,8 +212,11 @@ def readme():
 
 
 def readme_commands():
-    """(script, rest of the line) for every python/torchrun command line in the README's code blocks."""
-    cmds = re.findall(r'^\s*(?:\$ )?(?:python3?|torchrun(?: --\S+)*) ((?:-m )?[\w./]+?)(?:\.py)?(?= |$)(.*)$', readme(), flags=re.M)
+    """(script, rest of the line) for every python/torchrun command line in the README and the course handout."""
+    with open(os.path.join(ROOT, 'assignments', 'README.md')) as f:
+        text = readme() + f.read()
+    pattern = r'^\s*(?:\$ )?(?:python3?|torchrun(?: --\S+)*) ((?:-m )?[\w./]+?)(?:\.py)?(?= |$)(.*)$'
+    cmds = re.findall(pattern, text, flags=re.M)
     assert len(cmds) >= 5, 'the README should show its train/sample commands'
     return cmds
 
@@ -224,7 +227,7 @@ def test_every_readme_command_parses():
     sys.path.insert(0, os.path.join(ROOT, 'assignments'))
     seen = set()
     for script, rest in readme_commands():
-        argv = shlex.split(rest.split('  #')[0].split(' && ')[0].split('; ')[0])
+        argv = shlex.split(re.split(r'\s#', rest)[0].split(' && ')[0].split('; ')[0])
         argv = [a for a in argv if '$' not in a]  # shell variables (a loop's $seed) cannot be checked here
         if script.startswith('-m '):
             if script == '-m pytest':
