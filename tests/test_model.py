@@ -173,6 +173,14 @@ def test_alpha_readout_scales_as_a_power(a):
         assert torch.allclose(norm(c * h), c ** a * norm(h), rtol=1e-6)  # alpha is a float32 scalar
 
 
+def test_alpha_logits_scale_as_a_power_through_the_head():
+    """logits(c * h) = c^alpha * logits(h) with s_ref fixed, through the model's own (linear) LM head."""
+    model = tiny(readout='alpha', alpha=0.3).double()
+    h = torch.randn(2, 5, 32, dtype=torch.float64) * 3
+    for c in (0.1, 7.0, 1000.0):
+        assert torch.allclose(model.readout_logits(c * h, 3), c ** 0.3 * model.readout_logits(h, 3), rtol=1e-6)
+
+
 def test_learned_alpha_starts_at_half_and_its_gradients_match_finite_differences():
     model = tiny(readout='alpha')
     norm = model.readout.norm
