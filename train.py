@@ -256,6 +256,30 @@ def save_checkpoint(path, raw_model, optimizer, args, step, best_val_loss, last_
     os.replace(tmp, path)  # atomic: a crash mid-save leaves the previous checkpoint intact
 
 
+def lock_out_dir(out_dir):
+    """Hold an exclusive lock on out_dir/run.lock for the life of this run, so that two runs never write one
+    folder (the OS drops the lock when the process ends, however it ends). Returns the open lock file; exits
+    with one line naming the pid that holds it. Where the OS has no flock (Windows) nothing is locked."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    f = open(os.path.join(out_dir, 'run.lock'), 'a+')
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        holder = f.read().strip() or '?'
+        f.close()
+        sys.exit(f"train.py: error: {out_dir} is in use by another train.py (pid {holder}); wait for it to end "
+                 "or choose another --out_dir")
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f
+
+
 def setup_distributed(rt):
     """Under torchrun (RANK is set): join the process group, NCCL with one GPU per process or gloo on CPUs.
     Returns (rank, world size); (0, 1) for a plain run."""
@@ -362,6 +386,9 @@ def main(argv=None):
     if world > 1:  # every process has checked out_dir and read its checkpoint before rank 0 writes there
         dist.barrier()
     os.makedirs(args.out_dir, exist_ok=True)
+    lock = lock_out_dir(args.out_dir) if master else None
+    if master and not args.resume and not args.overwrite and any(map(os.path.exists, (ckpt_path, log_path))):
+        sys.exit(f"train.py: error: {args.out_dir} already holds a run (it appeared while this one started)")
     if not args.resume and master:  # a fresh run starts a fresh log, headed by everything needed to reproduce it
         if os.path.exists(ckpt_path):  # --overwrite: the old checkpoint goes now, or a crash before the first
             os.remove(ckpt_path)       # save would leave it to be resumed under the new run's log
@@ -457,8 +484,10 @@ def main(argv=None):
             f"val loss {val_loss[K - 1]:.4f}; log {log_path}")
         if world > 1:  # no process tears the group down while another is still using it (gloo aborts then)
             dist.barrier()
-    finally:  # leave the caller's (e.g. pytest's) Ctrl-C handling as it was
+    finally:  # leave the caller's (e.g. pytest's) Ctrl-C handling as it was, and the folder free for the next run
         signal.signal(signal.SIGINT, previous_handler)
+        if lock is not None:
+            lock.close()
         if dist.is_initialized():
             dist.destroy_process_group()
 

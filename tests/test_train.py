@@ -310,3 +310,24 @@ def test_prepare_refuses_a_too_large_vocabulary_before_writing(tmp_path):
     with pytest.raises(char_prepare.PrepareError, match='distinct characters'):
         char_prepare.prepare(huge, str(tmp_path))
     assert {n: digest(tmp_path / n) for n in before} == before
+
+
+def test_a_second_run_in_a_busy_out_dir_is_refused(small_data, tmp_path):
+    """While one train.py runs in out_dir, a second one (here: --resume, and --overwrite) is refused in one line
+    that names the first one's pid, and the first run's files are untouched by it."""
+    cmd = [sys.executable, '-u', 'train.py', '--dataset', small_data, '--out_dir', str(tmp_path), *TINY,
+           '--max_iters=100000', '--eval_interval=2']
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in proc.stdout:  # wait until it has saved a checkpoint
+            if line.startswith('eval 2:'):
+                break
+        for flag in ('--resume', '--overwrite'):
+            with pytest.raises(SystemExit) as e:
+                run_train(small_data, tmp_path, '--max_iters=200000', flag)
+            assert f'in use by another train.py (pid {proc.pid})' in str(e.value.code), e.value.code
+        assert read_log(tmp_path)[0]['config']['max_iters'] == 100000  # the first run's log, not replaced
+    finally:
+        proc.kill()
+        proc.wait()
+    run_train(small_data, tmp_path, '--max_iters=2', '--overwrite')  # the OS freed the lock with the process
