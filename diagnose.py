@@ -47,6 +47,31 @@ def rms(h):
     return h.pow(2).mean(-1, keepdim=True).sqrt()  # (..., 1): per-token root mean square
 
 
+def radial_step(h_in, h):
+    """Per token, u = h_in / RMS(h_in) (so |u|^2 = d) and a = mean(u * (h - h_in)): the update's component
+    along u is a * u. Returns (u, a) with a of shape (..., 1)."""
+    u = h_in / rms(h_in)
+    return u, (u * (h - h_in)).mean(-1, keepdim=True)
+
+
+def angle_deg(a, b):
+    """Per-token angle between a and b in degrees, 2 atan2(|u - v|, |u + v|): acos(<u, v>), accurate near 0."""
+    u, v = F.normalize(a, dim=-1), F.normalize(b, dim=-1)
+    return torch.rad2deg(2 * torch.atan2((u - v).norm(dim=-1), (u + v).norm(dim=-1)))
+
+
+def passes(model, x, n_loop, intervene=None):
+    """(k, h_in, h_k) for every pass through LoopedGPT.loops: what the pass started from (h_{k-1}, or its RMSNorm
+    under 'normed' recurrence) and what it produced, after intervene if one is given."""
+    inputs = []
+
+    def record(k, h_in, h):
+        inputs.append(h_in)
+        return h if intervene is None else intervene(k, h_in, h)
+    for k, h in model.loops(model.embed(x), n_loop, intervene=record):
+        yield k, inputs[-1], h
+
+
 # ---- perplexity by depth and early exit ----
 
 @torch.no_grad()
@@ -137,10 +162,10 @@ def radial_gradient(model, x, y, K):
     total = torch.autograd.grad(objective, states)
     frac = lambda g, s: (F.cosine_similarity(g, s.detach(), dim=-1).abs()).mean().item()
     rows = []
+    kind, norm = model.readout.kind, model.readout.norm
     for k, ((g_h, g_y), g_total, s) in enumerate(zip(direct, total, states), 1):
         closed = math.nan
-        norm = model.readout.norm
-        if model.readout.kind in ('rmsnorm', 'final_norm') and (model.readout.kind == 'rmsnorm' or k >= K):
+        if kind == 'rmsnorm' or (kind == 'final_norm' and k >= K):  # loop k is read out through an RMSNorm
             radial = rmsnorm_radial_grad(s.detach(), g_y, norm.weight.detach(), norm.eps)
             closed = (radial.abs() / (g_h.norm(dim=-1) * s.detach().norm(dim=-1))).mean().item()
         rows.append([frac(g_h, s), frac(g_total, s), closed])
@@ -156,8 +181,7 @@ def clamp(mode):
         return h if k == 1 else h * (h_in.norm(dim=-1, keepdim=True) / h.norm(dim=-1, keepdim=True))
 
     def remove_radial(k, h_in, h):
-        u = h_in / rms(h_in)                                          # (B, T, C), with |u|^2 = d
-        a = (u * (h - h_in)).mean(-1, keepdim=True)                   # (B, T, 1): <u, delta> / d
+        u, a = radial_step(h_in, h)                                   # (B, T, C), (B, T, 1)
         return h - a * u
     return {'none': None, 'freeze': freeze, 'remove_radial': remove_radial}[mode]
 
@@ -167,18 +191,9 @@ def update_split(model, x, K, mode='none'):
     """Per loop: mean radial increment ||h_k|| - ||h_in|| and mean angle between h_in and h_k (degrees), where
     h_in is what the pass started from (h_{k-1}, or its RMSNorm under 'normed' recurrence), with a radial clamp
     applied (see clamp). Returns ((K, 2) array, the states h_1..h_K)."""
-    rows, states, inputs = [], [], []
-    fn = clamp(mode)
-
-    def record(k, h_in, h):
-        h = h if fn is None else fn(k, h_in, h)
-        inputs.append(h_in)
-        return h
-    for k, h in model.loops(model.embed(x), K, intervene=record):
-        h_in = inputs[-1]
-        u, v = F.normalize(h_in, dim=-1), F.normalize(h, dim=-1)
-        angle = 2 * torch.atan2((u - v).norm(dim=-1), (u + v).norm(dim=-1))  # acos(<u, v>), accurate near 0
-        rows.append([(h.norm(dim=-1) - h_in.norm(dim=-1)).mean().item(), torch.rad2deg(angle).mean().item()])
+    rows, states = [], []
+    for k, h_in, h in passes(model, x, K, clamp(mode)):
+        rows.append([(h.norm(dim=-1) - h_in.norm(dim=-1)).mean().item(), angle_deg(h_in, h).mean().item()])
         states.append(h)
     return np.array(rows), states
 
@@ -200,19 +215,12 @@ def lemma_check(model, x, n_loop=30):
     the angle between h_in and h_k (degrees), and ||u_k - u_in|| * s_k with u = h / RMS(h): the size of the
     step across the direction. If the step stays about the same size while s grows, the turn shrinks like 1/s.
     Returns an (n_loop, 4) array: s_k, a, angle, ||delta u|| * s_k."""
-    rows, inputs = [], []
-
-    def record(k, h_in, h):  # keeps what each pass started from, changes nothing
-        inputs.append(h_in)
-        return h
-    for k, h in model.loops(model.embed(x), n_loop, intervene=record):
-        h_in = inputs[-1]
-        u_in, u = h_in / rms(h_in), h / rms(h)
-        a = (u_in * (h - h_in)).mean(-1)
-        cos = F.cosine_similarity(h_in, h, dim=-1).clamp(-1, 1)
-        s = rms(h).squeeze(-1)
-        rows.append([s.mean().item(), a.mean().item(), torch.rad2deg(torch.acos(cos)).mean().item(),
-                     ((u - u_in).norm(dim=-1) * s).mean().item()])
+    rows = []
+    for k, h_in, h in passes(model, x, n_loop):
+        u_in, a = radial_step(h_in, h)
+        s = rms(h)                                                    # (B, T, 1)
+        step_across = ((h / s - u_in).norm(dim=-1) * s.squeeze(-1)).mean().item()
+        rows.append([s.mean().item(), a.mean().item(), angle_deg(h_in, h).mean().item(), step_across])
     return np.array(rows)
 
 

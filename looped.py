@@ -334,7 +334,6 @@ class LoopedGPT(nn.Module):
         K = n_loop or self.config.n_loop
         if T > self.config.block_size:
             raise ValueError(f"sequence of length {T} is longer than block_size={self.config.block_size}")
-        grad = torch.is_grad_enabled()
         norms, ces, states = [], [], []
         for k, h in self.loops(self.embed(idx), K):                   # h: (B, T, C)
             norms.append(h.detach().float().norm(dim=-1).mean())
@@ -345,11 +344,10 @@ class LoopedGPT(nn.Module):
             # Every loop is decoded for the statistics; loops without a loss are decoded under no_grad, so they
             # keep no activations for the backward pass.
             supervised = self.config.supervision == 'per_loop' or k == K
-            if k == K:  # the last loop's logits are also returned
-                with torch.set_grad_enabled(grad and supervised):
-                    logits = self.readout_logits(h, k)                # (B, T, V)
-                    ce = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1)
-            elif supervised and grad:
+            if k == K:  # always supervised; its logits are also returned
+                logits = self.readout_logits(h, k)                    # (B, T, V)
+                ce = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1)
+            elif supervised and torch.is_grad_enabled():
                 # Per-loop readouts before the last are checkpointed: backward recomputes their (B, T, V) logits
                 # instead of keeping K copies alive, so per-loop supervision costs about the memory of terminal.
                 ce = checkpoint(self.readout_loss, h, targets, k, use_reentrant=False)

@@ -2,7 +2,6 @@
 and two training steps of the paper_44m configuration on the CPU."""
 
 import json
-import os
 import pickle
 import re
 
