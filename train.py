@@ -24,6 +24,7 @@ import os
 import pickle
 import signal
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -40,6 +41,10 @@ from looped import (LoopedConfig, LoopedGPT, READOUTS, RECURRENCES, SUPERVISIONS
 CONFIGS = {
     'laptop': dict(n_layer=2, n_embd=128, n_head=4, n_loop=4, block_size=128, batch_size=16, dropout=0.0,
                    max_iters=500, eval_interval=100, eval_iters=8, log_interval=20, learning_rate=3e-3),
+    # Claim 4 on a laptop (plot_norms.py --run --config=laptop_long --seeds=3): a narrower model, so that a 2-core
+    # CPU gets through 2000 steps (4M tokens) in about 4 minutes a run, and evaluations close enough to see curves cross
+    'laptop_long': dict(n_layer=2, n_embd=64, n_head=4, n_loop=4, block_size=128, batch_size=16, dropout=0.0,
+                        max_iters=2000, eval_interval=100, eval_iters=4, log_interval=100, learning_rate=3e-3),
     'gpu_char': dict(n_layer=4, n_embd=256, n_head=4, n_loop=4, block_size=256, batch_size=32, dropout=0.1,
                      max_iters=3000, eval_interval=250, eval_iters=20, log_interval=50, learning_rate=3e-4),
     # The authors' recipe: the whole stack looped K=4 times, SwiGLU, tied embeddings, dropout 0.1, AdamW 3e-4
@@ -158,6 +163,19 @@ def parse_args(argv=None):
     return args
 
 
+# the flags that describe the model: on --resume they come from the checkpoint, and one given with another value
+# is an error (a resumed run cannot change its model)
+MODEL_FLAGS = ('block_size', 'n_embd', 'n_head', 'n_layer', 'n_loop', 'dropout', 'readout', 'alpha', 'recurrence',
+               'supervision', 'norm_penalty', 'init', 'mlp', 'tie_weights')
+
+
+def given_flags(argv=None):
+    """The names of the flags typed on the command line (not those from defaults or from --config)."""
+    parser, unset = get_parser(), object()
+    parser.set_defaults(**{a.dest: unset for a in parser._actions})
+    return {name for name, value in vars(parser.parse_args(argv)).items() if value is not unset}
+
+
 def model_config(args, vocab_size=65):
     """The LoopedConfig that the flags describe (ValueError for invalid combinations)."""
     return LoopedConfig(
@@ -243,17 +261,85 @@ def evaluate(model, batches, n_loop, ctx):
     return (ce / n).tolist(), (norm / n).tolist()
 
 
-def save_checkpoint(path, raw_model, optimizer, args, step, best_val_loss, last_eval_step, data):
+class RunError(Exception):
+    """A failure of the run's files (a full disk, a folder that is not writable, a log that belongs to another
+    run), with a one-line message; train.py exits with it and leaves the last good checkpoint in place."""
+
+
+def save_checkpoint(path, raw_model, optimizer, args, run_id, step, best_val_loss, last_eval_step, record, data):
+    """Write the checkpoint beside the old one, then rename it over it (atomic: a crash or a full disk mid-save
+    leaves the previous checkpoint intact). record is the last evaluation's log line, so that a resumed run can
+    restore it if a crash came between this save and the log write."""
     ckpt = {
         'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(), 'config': raw_model.config.to_dict(),
-        'args': vars(args), 'step': step, 'best_val_loss': best_val_loss, 'last_eval_step': last_eval_step,
+        'args': vars(args), 'run_id': run_id, 'step': step, 'best_val_loss': best_val_loss,
+        'last_eval_step': last_eval_step, 'record': record,
         'meta': data.meta,  # the vocabulary travels with the weights, so sample.py needs no data folder
         'rng': {'torch': torch.get_rng_state(), 'batches': data.gen.get_state(),
                 'cuda': torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
     }
     tmp = path + '.tmp'
-    torch.save(ckpt, tmp)
-    os.replace(tmp, path)  # atomic: a crash mid-save leaves the previous checkpoint intact
+    try:
+        torch.save(ckpt, tmp)
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as e:  # torch reports a failed write (ENOSPC) as a RuntimeError
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip().splitlines()[-1][:120]
+        kept = 'the previous checkpoint is kept' if os.path.exists(path) else 'no checkpoint was saved before'
+        raise RunError(f"could not save {path} at step {step} ({why}); {kept}") from None
+
+
+def append_log(path, record, mode='a'):
+    """One JSON line onto the log (mode 'w': a fresh log)."""
+    try:
+        with open(path, mode) as f:
+            f.write(json.dumps(record) + '\n')
+    except OSError as e:
+        raise RunError(f"could not write {path} ({e.strerror})") from None
+
+
+def repair_log(log_path, ckpt):
+    """Make log.jsonl agree with the checkpoint a run resumes from: the log must belong to the same run (the run
+    id in its header), a line cut by a crash is dropped, so are records past the checkpoint's last evaluation
+    (the resumed run writes them again), and the checkpoint's last record is restored if a crash came between
+    the save and the log write. Returns a note of what changed ('' if nothing)."""
+    try:
+        with open(log_path, 'rb') as f:
+            lines = f.read().split(b'\n')
+        head = json.loads(lines[0])
+    except (OSError, ValueError) as e:
+        raise RunError(f"{log_path} has no readable header ({type(e).__name__}); the run cannot be resumed into it")
+    if head.get('run_id') != ckpt.get('run_id'):
+        raise RunError(f"{log_path} belongs to run {head.get('run_id')}, the checkpoint to run {ckpt.get('run_id')}: "
+                       "the folder mixes two runs; start afresh with --overwrite or use another --out_dir")
+    cut = lines.pop() != b''  # whatever follows the last newline is a line cut short
+    kept, dropped = [lines[0]], 0
+    for line in lines[1:]:
+        try:
+            step = json.loads(line)['step']
+        except (ValueError, KeyError, TypeError):
+            dropped += 1
+            continue
+        if step <= ckpt['last_eval_step'] and (len(kept) == 1 or step > last):
+            kept.append(line)
+            last = step
+        else:
+            dropped += 1
+    restored = ckpt.get('record') is not None and (len(kept) == 1 or last < ckpt['last_eval_step'])
+    if restored:
+        kept.append(json.dumps(ckpt['record']).encode())
+    if not (cut or dropped or restored):
+        return ''
+    try:
+        with open(log_path + '.tmp', 'wb') as f:
+            f.write(b''.join(line + b'\n' for line in kept))
+        os.replace(log_path + '.tmp', log_path)
+    except OSError as e:
+        raise RunError(f"could not repair {log_path} ({e.strerror})") from None
+    return ', '.join(n for n, yes in (('a line cut by a crash removed', cut), (f'{dropped} records past the '
+                     'checkpoint dropped', dropped), (f"step {ckpt['last_eval_step']}'s record restored from the "
+                     'checkpoint', restored)) if yes)
 
 
 def lock_out_dir(out_dir):
@@ -312,7 +398,7 @@ def main(argv=None):
     # -------------------------------------------------------------------------------------------------------
     # setup: flags, device, processes. Everything is validated before out_dir is touched, so that bad input
     # never harms an earlier run.
-    args = parse_args(argv)
+    args, given = parse_args(argv), given_flags(argv)
     ckpt_path, log_path = os.path.join(args.out_dir, 'ckpt.pt'), os.path.join(args.out_dir, 'log.jsonl')
     try:
         rt = resolve_device(args.device, args.dtype, args.compile)
@@ -335,6 +421,13 @@ def main(argv=None):
         ckpt = load_checkpoint(ckpt_path, device) if args.resume else None
         # on resume the model is what was trained; the other flags (max_iters, intervals...) may change
         config = model_config(args) if ckpt is None else LoopedConfig(**ckpt['config'])
+        if ckpt is not None:
+            for name in sorted(given & set(MODEL_FLAGS)):
+                if getattr(args, name) != getattr(config, name):
+                    raise ValueError(f"--{name}={getattr(args, name)} differs from the checkpoint's {getattr(config, name)}; "
+                                     "a resumed run keeps its model (drop the flag, or start a new run elsewhere)")
+            for name in MODEL_FLAGS:  # the saved args describe the model that is trained, whatever --config says
+                setattr(args, name, getattr(config, name))
         data = Data(find_dataset(args.dataset), config.block_size, args.batch_size, device, args.seed + rank)
         if ckpt is not None and config.vocab_size != data.meta['vocab_size']:
             raise ValueError(f"{ckpt_path} was trained with vocab {config.vocab_size}, {args.dataset} has {data.meta['vocab_size']}")
@@ -344,8 +437,6 @@ def main(argv=None):
             args.max_iters, windows = steps_from_epochs(args.epochs, n_train, config.block_size, global_batch)
             say(f"{args.epochs:g} epochs x {windows:,} windows ({n_train:,} tokens in windows of {config.block_size} "
                 f"at stride {config.block_size // 2}) / {global_batch} per step = {args.max_iters:,} steps")
-        if ckpt is not None and ckpt['step'] >= args.max_iters:
-            raise ValueError(f"{ckpt_path} is at step {ckpt['step']} already; pass a larger --max_iters to continue")
     except ValueError as e:
         sys.exit(f"train.py: error: {e}")
     if not args.resume and not args.overwrite and any(map(os.path.exists, (ckpt_path, log_path))):
@@ -385,27 +476,58 @@ def main(argv=None):
 
     if world > 1:  # every process has checked out_dir and read its checkpoint before rank 0 writes there
         dist.barrier()
-    os.makedirs(args.out_dir, exist_ok=True)
-    lock = lock_out_dir(args.out_dir) if master else None
-    if master and not args.resume and not args.overwrite and any(map(os.path.exists, (ckpt_path, log_path))):
-        sys.exit(f"train.py: error: {args.out_dir} already holds a run (it appeared while this one started)")
-    if not args.resume and master:  # a fresh run starts a fresh log, headed by everything needed to reproduce it
-        if os.path.exists(ckpt_path):  # --overwrite: the old checkpoint goes now, or a crash before the first
-            os.remove(ckpt_path)       # save would leave it to be resumed under the new run's log
-        with open(log_path, 'w') as f:
-            f.write(json.dumps({'config': {**vars(args), 'model': config.to_dict(), 'num_params': raw_model.num_params()}}) + '\n')
+    # The run's identity: the log header and every checkpoint carry it, and a resume refuses a folder that mixes
+    # two runs. Writability is proven here, before any training, by the lock, a probe file and the log itself.
+    run_id = ckpt['run_id'] if ckpt is not None and 'run_id' in ckpt else time.strftime('%Y%m%d-%H%M%S-') + os.urandom(3).hex()
+    lock = None
+    if master:
+        try:
+            os.makedirs(args.out_dir, exist_ok=True)
+            lock = lock_out_dir(args.out_dir)
+            tempfile.TemporaryFile(dir=args.out_dir).close()
+            if not args.resume and not args.overwrite and any(map(os.path.exists, (ckpt_path, log_path))):
+                sys.exit(f"train.py: error: {args.out_dir} already holds a run (it appeared while this one started)")
+            if args.resume:
+                note = repair_log(log_path, ckpt)
+                if note:
+                    say(f"{log_path} made consistent with the checkpoint: {note}")
+                open(log_path, 'a').close()
+            else:  # a fresh run: --overwrite clears the old run's files first, so that nothing of it can be resumed
+                for old in (ckpt_path, ckpt_path + '.tmp'):
+                    if os.path.exists(old):
+                        os.remove(old)
+                append_log(log_path, {'run_id': run_id, 'config': {**vars(args), 'model': config.to_dict(),
+                                                                  'num_params': raw_model.num_params()}}, 'w')
+        except OSError as e:
+            sys.exit(f"train.py: error: cannot write to {args.out_dir} ({e.strerror}); nothing was trained")
+        except RunError as e:
+            sys.exit(f"train.py: error: {e}")
+    if ckpt is not None and ckpt['step'] >= args.max_iters:  # nothing to train; the log was checked above
+        say(f"{args.out_dir} is finished at step {ckpt['step']}; pass a larger --max_iters to continue it")
+        if lock is not None:
+            lock.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        return
 
-    # Ctrl-C: finish the current step, save, exit. A second Ctrl-C interrupts at once.
-    stop = []
-    def on_sigint(signum, frame):
-        stop.append(signum)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        say("\ninterrupt: saving a checkpoint after this step (Ctrl-C again to abort)")
-    previous_handler = signal.signal(signal.SIGINT, on_sigint)
+    # Ctrl-C or SIGTERM: finish the current step, save, exit. The handler only records the signal; the loop reads
+    # the record, and under torchrun every process learns of it through the same all-reduce, so all of them stop
+    # at the same step. A second Ctrl-C aborts a single process at once; under torchrun it does not, because
+    # torchrun passes the user's Ctrl-C on to its workers a second time (its own 30 s kill is the abort there).
+    interrupted = []
+    def on_signal(signum, frame):
+        if interrupted and signum == signal.SIGINT and world == 1:
+            raise KeyboardInterrupt
+        if not interrupted:
+            say(f"\n{signal.Signals(signum).name}: saving a checkpoint after this step"
+                + (" (Ctrl-C again to abort)" if world == 1 else ''), flush=True)
+        interrupted.append(signum)
+    previous_handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
 
     try:
         t_start, step_start = time.time(), step
         t_last, train_ces = time.time(), []
+        last_record = ckpt.get('record') if ckpt is not None else None
         while True:
             # ---------------------------------------------------------------------------------------------------
             # evaluate at every depth 1..2K (2K: beyond the trained depth), save, then log
@@ -421,11 +543,11 @@ def main(argv=None):
                           'hidden_norm': val_norm, 'elapsed_s': round(time.time() - t_start, 2)}
                 if alpha is not None:
                     record['alpha'] = alpha().item()
+                last_record = record
                 if step > 0 and master:  # save first, then log: the log never runs ahead of the checkpoint
-                    save_checkpoint(ckpt_path, raw_model, optimizer, args, step, best_val_loss, last_eval_step, data)
+                    save_checkpoint(ckpt_path, raw_model, optimizer, args, run_id, step, best_val_loss, last_eval_step, record, data)
                 if master:
-                    with open(log_path, 'a') as f:
-                        f.write(json.dumps(record) + '\n')
+                    append_log(log_path, record)
                 say(f"eval {step}: val loss by depth " + ' '.join(f'{v:.3f}' for v in val_loss[:K])
                     + f" | 2K {val_loss[-1]:.3f} | ||h_k|| " + ' '.join(f'{v:.1f}' for v in val_norm[:K])
                     + f" | 2K {val_norm[-1]:.1f}" + (f" | alpha {record['alpha']:.3f}" if alpha is not None else ''))
@@ -451,10 +573,11 @@ def main(argv=None):
 
             # ---------------------------------------------------------------------------------------------------
             # agree across processes, stop on divergence, print progress, honour Ctrl-C
+            stop = bool(interrupted)  # read once: a signal landing after this line is seen at the next step
             if world > 1:  # every process must see the same loss and the same Ctrl-C, or some would wait forever
-                shared = torch.tensor([lossf, float(bool(stop))], device=device)
+                shared = torch.tensor([lossf, float(stop)], device=device)
                 dist.all_reduce(shared)
-                lossf, stop = shared[0].item() / world, [1] if shared[1].item() > 0 else []
+                lossf, stop = shared[0].item() / world, shared[1].item() > 0
             if not math.isfinite(lossf):
                 kept = f"the last good checkpoint in {args.out_dir} is kept" if os.path.exists(ckpt_path) \
                     else "no checkpoint was saved yet"
@@ -471,8 +594,11 @@ def main(argv=None):
                 t_last, train_ces = time.time(), []
             if stop:
                 if master:
-                    save_checkpoint(ckpt_path, raw_model, optimizer, args, step, best_val_loss, last_eval_step, data)
-                say(f"saved {ckpt_path} at step {step}; continue with the same flags plus --resume")
+                    save_checkpoint(ckpt_path, raw_model, optimizer, args, run_id, step, best_val_loss, last_eval_step,
+                                    last_record, data)
+                if world > 1:  # no process exits before the save is done: torchrun kills the rest when one ends
+                    dist.barrier()
+                say(f"saved {ckpt_path} at step {step}; continue with the same flags plus --resume", flush=True)
                 sys.exit(130)
 
         if world > 1:  # the point of DDP: every process ends with the same weights
@@ -484,8 +610,11 @@ def main(argv=None):
             f"val loss {val_loss[K - 1]:.4f}; log {log_path}")
         if world > 1:  # no process tears the group down while another is still using it (gloo aborts then)
             dist.barrier()
-    finally:  # leave the caller's (e.g. pytest's) Ctrl-C handling as it was, and the folder free for the next run
-        signal.signal(signal.SIGINT, previous_handler)
+    except RunError as e:
+        sys.exit(f"train.py: error: {e}")
+    finally:  # leave the caller's (e.g. pytest's) signal handling as it was, and the folder free for the next run
+        for sig, handler in previous_handlers.items():
+            signal.signal(sig, handler)
         if lock is not None:
             lock.close()
         if dist.is_initialized():

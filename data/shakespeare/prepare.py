@@ -8,11 +8,11 @@ tiktoken fetches its BPE files once; offline, point TIKTOKEN_CACHE_DIR at a fold
 """
 
 import os
-import pickle
 import sys
 
+from data import PrepareError, write_dataset
 # the text and its download live with the character-level dataset; reuse that script's loader
-from data.shakespeare_char.prepare import PrepareError, get_text, write_split
+from data.shakespeare_char.prepare import get_text
 from data.shakespeare_char.prepare import get_parser as char_parser
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -36,11 +36,10 @@ def main(argv=None):
                  "set TIKTOKEN_CACHE_DIR to a folder holding tiktoken's gpt2 files")
     n = int(0.9 * len(text))
     train_ids, val_ids = enc.encode_ordinary(text[:n]), enc.encode_ordinary(text[n:])
-    os.makedirs(args.out_dir, exist_ok=True)
-    write_split(train_ids, os.path.join(args.out_dir, 'train.bin'))
-    write_split(val_ids, os.path.join(args.out_dir, 'val.bin'))
-    with open(os.path.join(args.out_dir, 'meta.pkl'), 'wb') as f:
-        pickle.dump({'vocab_size': enc.n_vocab, 'tokenizer': 'gpt2'}, f)
+    try:
+        write_dataset(args.out_dir, train_ids, val_ids, {'vocab_size': enc.n_vocab, 'tokenizer': 'gpt2'})
+    except PrepareError as e:
+        sys.exit(f"prepare.py: error: {e}")
     print(f"{len(text):,} characters -> {len(train_ids):,} train / {len(val_ids):,} val GPT-2 tokens "
           f"(vocab {enc.n_vocab}) -> {args.out_dir}")
 

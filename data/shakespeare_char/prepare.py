@@ -10,19 +10,14 @@ Running it again rewrites the same files. Expected for the classic file: vocab 6
 
 import argparse
 import os
-import pickle
 import sys
 import urllib.request
 
-import numpy as np
+from data import PrepareError, read_text, write_dataset
 
 URL = 'https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt'
 EXPECTED_BYTES = 1_115_394
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-class PrepareError(Exception):
-    """A failure with a one-line explanation for the user."""
 
 
 def get_text(input_path=None):
@@ -31,8 +26,7 @@ def get_text(input_path=None):
     if input_path is not None:
         if not os.path.isfile(input_path):
             raise PrepareError(f"input file {input_path} does not exist")
-        with open(input_path, encoding='utf-8') as f:
-            return f.read()
+        return read_text(input_path)
     if not os.path.exists(cache_path):
         print(f"downloading {URL}")
         tmp = cache_path + '.tmp'
@@ -49,14 +43,7 @@ def get_text(input_path=None):
         with open(tmp, 'wb') as f:  # write then rename: an interrupted download never looks complete
             f.write(data)
         os.replace(tmp, cache_path)
-    with open(cache_path, encoding='utf-8') as f:
-        return f.read()
-
-
-def write_split(ids, path):
-    tmp = path + '.tmp'
-    np.asarray(ids, dtype=np.uint16).tofile(tmp)
-    os.replace(tmp, path)
+    return read_text(cache_path)
 
 
 def prepare(text, out_dir):
@@ -64,17 +51,12 @@ def prepare(text, out_dir):
     if len(text) < 100:
         raise PrepareError(f"the text has only {len(text)} characters; need at least 100")
     chars = sorted(set(text))
-    if len(chars) > 65536:  # checked before anything is written: a prepared dataset is never half replaced
+    if len(chars) > 65536:  # checked before any encoding: uint16 ids cannot hold more
         raise PrepareError(f"the text has {len(chars):,} distinct characters; uint16 ids allow at most 65,536")
     stoi = {ch: i for i, ch in enumerate(chars)}
     n = int(0.9 * len(text))
-    os.makedirs(out_dir, exist_ok=True)
-    write_split([stoi[c] for c in text[:n]], os.path.join(out_dir, 'train.bin'))
-    write_split([stoi[c] for c in text[n:]], os.path.join(out_dir, 'val.bin'))
     meta = {'vocab_size': len(chars), 'itos': dict(enumerate(chars)), 'stoi': stoi, 'tokenizer': 'char'}
-    with open(os.path.join(out_dir, 'meta.pkl.tmp'), 'wb') as f:
-        pickle.dump(meta, f)
-    os.replace(os.path.join(out_dir, 'meta.pkl.tmp'), os.path.join(out_dir, 'meta.pkl'))
+    write_dataset(out_dir, [stoi[c] for c in text[:n]], [stoi[c] for c in text[n:]], meta)
     return len(chars), n, len(text) - n
 
 

@@ -15,7 +15,6 @@ least twice in the training split, plus <unk> (id 0) for everything else. It is 
 import argparse
 import collections
 import os
-import pickle
 import re
 import sys
 import time
@@ -23,6 +22,8 @@ import urllib.request
 import zipfile
 
 import numpy as np
+
+from data import PrepareError, read_text, write_dataset
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 URL = 'https://s3.amazonaws.com/research.metamind.io/wikitext/wikitext-103-raw-v1.zip'
@@ -38,7 +39,10 @@ def read_splits(input_path):
         missing = [p for p in paths.values() if not os.path.exists(p)]
         if missing:
             sys.exit(f"prepare.py: error: {input_path} lacks {', '.join(map(os.path.basename, missing))}")
-        return {s: open(p, encoding='utf-8').read() for s, p in paths.items()}
+        try:
+            return {s: read_text(p) for s, p in paths.items()}
+        except PrepareError as e:
+            sys.exit(f"prepare.py: error: {e}")
     zip_path = input_path or os.path.join(HERE, 'wikitext-103-raw-v1.zip')
     if not os.path.exists(zip_path):
         print(f"downloading {URL} (about 190 MB)")
@@ -54,7 +58,7 @@ def read_splits(input_path):
         with zipfile.ZipFile(zip_path) as z:
             names = {os.path.basename(n): n for n in z.namelist()}
             return {s: z.read(names[name]).decode('utf-8') for s, name in SPLITS.items()}
-    except (zipfile.BadZipFile, KeyError) as e:
+    except (zipfile.BadZipFile, KeyError, UnicodeDecodeError) as e:
         sys.exit(f"prepare.py: error: {zip_path} is not the WikiText-103 raw zip ({e}); delete it and run again")
 
 
@@ -87,15 +91,15 @@ def main(argv=None):
         enc = tiktoken.get_encoding('gpt2')
         encode = enc.encode_ordinary
         meta = {'vocab_size': enc.n_vocab, 'tokenizer': 'gpt2'}
-    os.makedirs(args.out_dir, exist_ok=True)
+    ids = {}
     for split, text in texts.items():
-        ids = np.asarray(encode(text), dtype=np.uint16)
-        unk = f", {np.mean(ids == 0):.2%} <unk>" if args.tokenizer == 'word' else ''
-        print(f"{split}: {len(ids):,} tokens{unk}")
-        ids.tofile(os.path.join(args.out_dir, f'{split}.bin.tmp'))
-        os.replace(os.path.join(args.out_dir, f'{split}.bin.tmp'), os.path.join(args.out_dir, f'{split}.bin'))
-    with open(os.path.join(args.out_dir, 'meta.pkl'), 'wb') as f:
-        pickle.dump(meta, f)
+        ids[split] = np.asarray(encode(text), dtype=np.int64)
+        unk = f", {np.mean(ids[split] == 0):.2%} <unk>" if args.tokenizer == 'word' else ''
+        print(f"{split}: {len(ids[split]):,} tokens{unk}")
+    try:
+        write_dataset(args.out_dir, ids['train'], ids['val'], meta)
+    except PrepareError as e:
+        sys.exit(f"prepare.py: error: {e}")
     from looped import LoopedGPT
     from train import model_config, parse_args
     for name in ('paper_44m', 'paper_129m'):
