@@ -18,6 +18,7 @@ import argparse
 import math
 import os
 import sys
+import time
 
 import numpy as np
 import torch
@@ -117,6 +118,121 @@ def calibrate_exit(rule, ce, pmax, kl, K, tolerance=0.01):
         if ppl <= full * (1 + tolerance) and d.mean() < best[1]:
             best = (float(t), float(d.mean()), ppl)
     return best
+
+
+# ---- variable depth per sequence: the authors' benchmark, calibrated on held-out windows and timed ----
+
+# Per-token confidence scores from one loop's log-probabilities (..., V) -> (...); a sequence's score is their mean
+# over its tokens, and it leaves the batch at the first loop whose score reaches the threshold.
+SCORES = {
+    'max_prob': lambda logp: logp.max(-1).values.exp(),                         # top-1 probability
+    'margin': lambda logp: -logp.topk(2, dim=-1).values.diff(dim=-1).squeeze(-1),  # top-1 minus top-2 logit
+    'entropy': lambda logp: 1 - torch.special.entr(logp.exp()).sum(-1) / math.log(logp.size(-1)),  # 1 - H / log V
+}
+QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)  # operating points besides the calibrated one, at these score quantiles
+
+
+@torch.no_grad()
+def sequence_depth_stats(model, x, y, K, batch_size=32):
+    """Per window (sequence) and loop k = 1..K: its mean cross-entropy and the mean over its tokens of every
+    score. Returns ce (N, K) and {score: (N, K)}."""
+    ce, scores = [], {name: [] for name in SCORES}
+    for i in range(0, len(x), batch_size):
+        xb, yb = x[i:i + batch_size], y[i:i + batch_size]
+        rows = ([], {name: [] for name in SCORES})
+        for k, h in model.loops(model.embed(xb), K):
+            logp = readout_logp(model, h, k)                              # (B, T, V)
+            rows[0].append(-logp.gather(-1, yb.unsqueeze(-1)).squeeze(-1).mean(-1))  # (B,)
+            for name, f in SCORES.items():
+                rows[1][name].append(f(logp).mean(-1))                    # (B,)
+        ce.append(torch.stack(rows[0], dim=1))
+        for name in SCORES:
+            scores[name].append(torch.stack(rows[1][name], dim=1))
+    return torch.cat(ce).numpy(), {name: torch.cat(v).numpy() for name, v in scores.items()}
+
+
+def sequence_exit(ce, score, threshold, K):
+    """Each sequence exits at the first loop k < K whose score reaches the threshold, else at K. ce, score: (N, >= K).
+    Returns (mean loops, perplexity over all the tokens, each sequence read out at its exit loop)."""
+    passes = score[:, :K] >= threshold
+    passes[:, K - 1] = True
+    depth = passes.argmax(axis=1) + 1
+    return float(depth.mean()), math.exp(ce[np.arange(len(depth)), depth - 1].mean())
+
+
+def calibrate_sequence_exit(ce, score, K, tolerance=0.01):
+    """The threshold, among the quantiles of the score at loops 1..K-1, with the fewest mean loops whose
+    perplexity stays within (1 + tolerance) of depth K's on these sequences; inf (never exit early) if none does."""
+    full = math.exp(ce[:, K - 1].mean())
+    best_t, best_loops = math.inf, float(K)
+    for t in np.unique(np.quantile(score[:, :K - 1], np.linspace(0, 1, 201))) if K > 1 else []:
+        loops, ppl = sequence_exit(ce, score, t, K)
+        if ppl <= full * (1 + tolerance) and loops < best_loops:
+            best_t, best_loops = float(t), loops
+    return best_t
+
+
+def split_halves(x, y):
+    """The validation windows cut in two: the first half calibrates, the second reports (the authors calibrated
+    and reported on the same batches, which flatters the rule)."""
+    n = len(x) // 2
+    return (x[:n], y[:n]), (x[n:], y[n:])
+
+
+def _sync(device):
+    {'cuda': torch.cuda.synchronize, 'mps': torch.mps.synchronize}.get(device.type, lambda: None)()
+
+
+@torch.no_grad()
+def timed_exit_run(model, x, y, K, score=None, threshold=math.inf, batch_size=32):
+    """Early exit as it would be served, timed: batches of sequences in which a sequence leaves the batch at the
+    first loop whose mean score reaches the threshold, so that the passes after it are not run for it. With
+    score=None every sequence runs K loops and only loop K is read out: the plain model, the speed to beat.
+    Returns (mean loops, perplexity, tokens/s)."""
+    device = next(model.parameters()).device
+    total_ce, total_loops = 0.0, 0
+    _sync(device)
+    t0 = time.perf_counter()
+    for i in range(0, len(x), batch_size):
+        xb, yb = x[i:i + batch_size].to(device), y[i:i + batch_size].to(device)
+        targets = [yb]  # the targets of the sequences still in the batch
+
+        def leave(k, h_in, h):  # runs inside LoopedGPT.loops after pass k: the exiting rows leave h
+            nonlocal total_ce, total_loops
+            if score is None and k < K:
+                return h
+            logp = readout_logp(model, h, k)                              # (b, T, V)
+            done = SCORES[score](logp).mean(-1) >= threshold if score is not None and k < K \
+                else torch.ones(len(h), dtype=torch.bool, device=h.device)
+            total_ce += -logp[done].gather(-1, targets[0][done].unsqueeze(-1)).sum().item()
+            total_loops += k * int(done.sum())
+            targets[0] = targets[0][~done]
+            return h[~done]
+        for k, h in model.loops(model.embed(xb), K, intervene=leave):
+            if len(h) == 0:
+                break
+    _sync(device)
+    dt = time.perf_counter() - t0
+    return total_loops / len(x), math.exp(total_ce / y.numel()), y.numel() / dt
+
+
+def exit_benchmark(model, x, y, K, batch_size=32):
+    """The per-sequence variable-depth benchmark: every score calibrated on the first half of the windows, then
+    each operating point (the calibrated threshold and the QUANTILES of the score) measured on the second half in
+    a timed run. Returns rows of dicts: score, point, threshold, mean loops, ppl, tok/s; the first row is the
+    plain depth-K model."""
+    (xa, ya), (xb, yb) = split_halves(x, y)
+    ce_a, scores_a = sequence_depth_stats(model, xa, ya, K, batch_size)
+    timed_exit_run(model, xb[:batch_size], yb[:batch_size], K)  # warm-up: first calls allocate and pick kernels
+    loops, ppl, tok_s = timed_exit_run(model, xb, yb, K, batch_size=batch_size)
+    rows = [dict(score='none', point=f'depth {K}', threshold=math.inf, loops=loops, ppl=ppl, tok_s=tok_s)]
+    for name, s in scores_a.items():
+        points = [('calibrated', calibrate_sequence_exit(ce_a, s, K))]
+        points += [(f'q{q:g}', float(np.quantile(s[:, :K - 1], q))) for q in QUANTILES] if K > 1 else []
+        for point, t in points:
+            loops, ppl, tok_s = timed_exit_run(model, xb, yb, K, name, t, batch_size)
+            rows.append(dict(score=name, point=point, threshold=t, loops=loops, ppl=ppl, tok_s=tok_s))
+    return rows
 
 
 # ---- the scale mechanism ----
@@ -257,6 +373,15 @@ def val_tokens(ckpt):
     return np.memmap(os.path.join(find_dataset(ckpt['args']['dataset']), 'val.bin'), dtype=np.uint16, mode='r')
 
 
+def exit_table_text(rows):
+    """exit_benchmark's rows as a markdown table."""
+    lines = ['| score | operating point | threshold | mean loops | ppl | tok/s |', '|---|---|---|---|---|---|']
+    for r in rows:
+        lines.append(f"| {r['score']} | {r['point']} | {r['threshold']:.4g} | {r['loops']:.2f} | {r['ppl']:.3f} | "
+                     f"{r['tok_s']:,.0f} |")
+    return '\n'.join(lines)
+
+
 def fmt_row(label, values, f='8.3f'):
     return f"{label:>10} " + ' '.join(f"{v:{f}}" for v in values)
 
@@ -295,11 +420,19 @@ def main(argv=None):
         print(fmt_row('depth', range(1, 2 * K + 1), '8d'))
         print(fmt_row('ppl', np.exp(ce.mean(0))))
         if args.only != 'depth':
-            print(f"\nearly exit: the threshold with the fewest mean loops whose perplexity is within 1% of depth {K}")
+            # per token (sample.py's rules): calibrated on the first half of the windows, reported on the second
+            m = len(x) // 2 * c.block_size
+            print(f"\nearly exit per token (sample.py --exit): the threshold with the fewest mean loops whose perplexity "
+                  f"is within 1% of depth {K} on the first half of the windows, measured on the second half")
             for rule in EXITS:
-                t, depth, ppl = calibrate_exit(rule, ce, pmax, kl, K)
-                print(f"{rule:>10}: threshold {t:.4g}, mean loops {depth:.2f} of {K}, perplexity {ppl:.3f} "
-                      f"(depth {K}: {math.exp(ce[:, K - 1].mean()):.3f})")
+                t = calibrate_exit(rule, ce[:m], pmax[:m], kl[:m], K)[0]
+                d = exit_depths(rule, t, pmax[m:], kl[m:], K)
+                print(f"{rule:>10}: threshold {t:.4g}, mean loops {d.mean():.2f} of {K}, perplexity "
+                      f"{math.exp(ce[m:][np.arange(len(d)), d - 1].mean()):.3f} (depth {K}: {math.exp(ce[m:, K - 1].mean()):.3f})")
+            rows = exit_benchmark(model, x, y, K)
+            print(f"\nearly exit per sequence (scores averaged over a window's tokens; exited windows leave the batch): "
+                  f"calibrated on {len(x) // 2} windows, measured on {len(x) - len(x) // 2}, tok/s timed on {device}")
+            print(exit_table_text(rows))
 
     # the scale diagnostics need gradients or many forward passes per window: a fixed, smaller set of windows
     x, y = (t.to(device) for t in windows(tokens, c.block_size, args.diag_windows))

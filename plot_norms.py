@@ -10,8 +10,10 @@ Train the paper's conditions (finished runs are reused, interrupted ones resumed
 
 Writes to --fig_dir: fig1_norm_explosion.png (final-loop ||h_K|| against step, log scale),
 fig2_norm_by_loop.png (||h_k|| against loop k at the end), fig3_loss_by_depth.png (validation loss
-against exit depth 1..K and 2K), table.md / table.csv, and exit_table.md (calibrated early exit per
-condition, from each run's checkpoint; see diagnose.py).
+against exit depth 1..K and 2K), fig6_crossover.png (validation loss at depth K against step, and each
+condition's gap to per_loop + rmsnorm: claim 4), table.md / table.csv, and from each run's checkpoint the
+timed per-sequence early-exit benchmark (diagnose.exit_benchmark): exit_table.md and fig4_pareto.png
+(perplexity against measured tokens/s; time it on an otherwise idle machine).
 """
 
 import argparse
@@ -219,6 +221,44 @@ def plot(groups, fig_dir):
         ax.set(ylim=(0, 1), xlabel='training step', ylabel=r'$\alpha$ (0: scale-invariant, 1: raw)',
                title=f"The alpha readout's learned exponent\n{title}")
         paths.append(finish(fig, ax, os.path.join(fig_dir, 'fig5_alpha.png')))
+
+    # claim 4: does a scale-controlled variant overtake the scale-invariant readout as training goes on?
+    fig, (left, right) = plt.subplots(1, 2, figsize=(14, 5))
+    base = groups.get('per_loop + rmsnorm')
+    for (name, runs), (color, ls, marker) in zip(groups.items(), STYLES * 2):
+        steps, loss = series(runs, 'val_loss', K - 1)
+        mean, std = mean_std(loss)
+        left.plot(steps, mean, color=color, ls=ls, marker=marker, ms=3, label=name)
+        if len(runs) > 1:
+            left.fill_between(steps, mean - std, mean + std, color=color, alpha=0.15)
+        if base is not None and runs is not base:  # the gap, seed by seed (seed i against the baseline's seed i)
+            b_steps, b_loss = series(base, 'val_loss', K - 1)
+            n = min(len(steps), len(b_steps)) if steps[:len(b_steps)] == b_steps[:len(steps)] else 0
+            m = min(len(loss), len(b_loss))
+            if n:
+                gap = loss[:m, :n] - b_loss[:m, :n]
+                g_mean, g_std = mean_std(gap)
+                right.plot(steps[:n], g_mean, color=color, ls=ls, marker=marker, ms=3, label=name)
+                if m > 1:
+                    right.fill_between(steps[:n], g_mean - g_std, g_mean + g_std, color=color, alpha=0.15)
+    finals = [series(runs, 'val_loss', K - 1)[1][:, -1].mean() for runs in groups.values()]
+    left.set_ylim(min(finals) - 0.15, max(finals) + 0.6)  # the first evaluations sit far above: keep the end in view
+    left.set(xlabel='training step', ylabel=f'validation loss at depth K={K}', title='validation loss at the trained depth')
+    right.axhline(0, color='grey', lw=0.8)
+    right.set_ylim(-0.3, 0.5)
+    right.set(xlabel='training step', ylabel='loss minus per_loop + rmsnorm (below 0: better)',
+              title='gap to the scale-invariant readout (per seed, then mean)')
+    for ax in (left, right):
+        ax.grid(True, alpha=0.3)
+    if right.lines[1:]:  # (the zero line is the first)
+        right.legend(fontsize=8, loc='upper left', bbox_to_anchor=(1.01, 1))
+    else:
+        right.text(0.5, 0.5, 'no per_loop + rmsnorm run to compare with', ha='center', transform=right.transAxes)
+    fig.suptitle(f"Claim 4: does scale control win at matched depth with longer training?\n{title}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(os.path.join(fig_dir, 'fig6_crossover.png'), dpi=130)
+    plt.close(fig)
+    paths.append(os.path.join(fig_dir, 'fig6_crossover.png'))
     return paths
 
 
@@ -236,7 +276,7 @@ def table(groups, fig_dir):
         h = np.array([r['hidden_norm'][K - 1] for r in last])
         alpha = pm(np.array([r['alpha'] for r in last]), '.3f') if 'alpha' in last[0] else ''
         rows.append([name, str(len(runs)), str(min(r['step'] for r in last)), pm(ppl[:, K - 1], '.3f'), pm(h, '.1f')]
-                    + [f"{ppl[:, i].mean():.3f}" for i in range(K + 1)] + [alpha])
+                    + [pm(ppl[:, i], '.2f') for i in range(K + 1)] + [alpha])
     with open(os.path.join(fig_dir, 'table.csv'), 'w', newline='') as f:
         csv.writer(f).writerows([header] + rows)
     return write_markdown(os.path.join(fig_dir, 'table.md'), header, rows)
@@ -250,26 +290,68 @@ def write_markdown(path, header, rows):
     return '\n'.join(md)
 
 
-def exit_table(groups, fig_dir, max_windows):
-    """Per condition, from each run's ckpt.pt: mean loops and perplexity at the calibrated early-exit threshold
-    (within 1% of depth-K perplexity) for both exit rules, averaged over seeds, on the validation windows."""
+def exit_results(groups, max_windows):
+    """diagnose.exit_benchmark for every run, from its ckpt.pt: {condition: [rows of each seed]}. It times real
+    batched runs, so the tok/s columns mean something only on an otherwise idle machine."""
     import diagnose
-    header = ['condition', 'ppl (depth K)'] + [f"{rule} {col}" for rule in diagnose.EXITS for col in ('mean loops', 'ppl')]
     device = resolve_device().device
-    rows = []
+    results = {}
     for name, runs in groups.items():
-        results = []
+        results[name] = []
         for run in runs:
             model, ckpt = LoopedGPT.from_checkpoint(run['folder'], device)
-            x, y = (t.to(device) for t in diagnose.windows(diagnose.val_tokens(ckpt), model.config.block_size, max_windows))
-            K = model.config.n_loop
-            ce, pmax, kl = diagnose.per_token_depth_stats(model, x, y, K)
-            row = [math.exp(ce[:, K - 1].mean())]
-            for rule in diagnose.EXITS:
-                row += list(diagnose.calibrate_exit(rule, ce, pmax, kl, K)[1:])
-            results.append(row)
-        rows.append([name] + [f"{v:.3f}" if i % 2 == 0 else f"{v:.2f}" for i, v in enumerate(np.mean(results, axis=0))])
+            x, y = diagnose.windows(diagnose.val_tokens(ckpt), model.config.block_size, max_windows)
+            results[name].append(diagnose.exit_benchmark(model, x, y, model.config.n_loop))
+    return results
+
+
+def exit_table(results, fig_dir):
+    """Per condition (mean over seeds): the plain depth-K model's perplexity and tok/s, and for every score the
+    calibrated exit's mean loops, perplexity and tok/s, measured on the held-out half of the windows."""
+    import diagnose
+    header = ['condition', 'ppl (depth K)', 'tok/s (depth K)'] + [f"{s} {col}" for s in diagnose.SCORES
+                                                                  for col in ('loops', 'ppl', 'tok/s')]
+    rows = []
+    for name, seeds in results.items():
+        pick = lambda score, point, key: np.mean([next(r[key] for r in rows_ if r['score'] == score and r['point'] == point)
+                                                  for rows_ in seeds])
+        K = seeds[0][0]['point'].split()[-1]
+        row = [name, f"{pick('none', f'depth {K}', 'ppl'):.3f}", f"{pick('none', f'depth {K}', 'tok_s'):,.0f}"]
+        for s in diagnose.SCORES:
+            row += [f"{pick(s, 'calibrated', 'loops'):.2f}", f"{pick(s, 'calibrated', 'ppl'):.3f}",
+                    f"{pick(s, 'calibrated', 'tok_s'):,.0f}"]
+        rows.append(row)
     return write_markdown(os.path.join(fig_dir, 'exit_table.md'), header, rows)
+
+
+def plot_pareto(results, fig_dir, title):
+    """fig4_pareto.png: perplexity against measured throughput, one panel per exit score and one line per
+    condition through its operating points (mean over seeds); the star is the plain depth-K model."""
+    import diagnose
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(diagnose.SCORES), figsize=(15, 4.8), sharey=True)
+    for ax, score in zip(axes, diagnose.SCORES):
+        for (name, seeds), (color, ls, marker) in zip(results.items(), STYLES * 2):
+            points = [p['point'] for p in seeds[0] if p['score'] == score]
+            mean = lambda point, key: np.mean([next(r[key] for r in rows if r['score'] == score and r['point'] == point)
+                                               for rows in seeds])
+            xy = sorted((mean(p, 'tok_s'), mean(p, 'ppl')) for p in points)
+            ax.plot(*zip(*xy), color=color, ls=ls, marker=marker, ms=4, label=name)
+            ax.plot(np.mean([rows[0]['tok_s'] for rows in seeds]), np.mean([rows[0]['ppl'] for rows in seeds]),
+                    marker='*', ms=12, color=color, ls='none')
+        ax.set(xlabel='measured throughput (tokens/s)', title=f"score: {score}")
+        ax.grid(True, alpha=0.3)
+    axes[0].set_ylabel('validation perplexity (held-out half)')
+    axes[-1].legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.01, 1))
+    fig.suptitle(f"Early exit per sequence: perplexity against measured speed (star: all sequences run K loops)\n{title}",
+                 fontsize=10)
+    fig.tight_layout()
+    path = os.path.join(fig_dir, 'fig4_pareto.png')
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path
 
 
 def run_grid(config, seeds, out_root, extra):
@@ -322,7 +404,8 @@ def get_parser():
     p.add_argument('--fig_dir', default=None, help='where figures and tables go (default: figures/<config> with '
                                                    '--run, else figures)')
     p.add_argument('--exit_windows', type=int, default=200,
-                   help='validation windows for the early-exit table (0: no table); needs each run\'s ckpt.pt')
+                   help='validation windows for the timed early-exit benchmark, half to calibrate and half to '
+                        'measure (0: none); needs each run\'s ckpt.pt')
     p.add_argument('--train_args', default='', help="extra train.py flags for --run, e.g. '--max_iters=100'")
     return p
 
@@ -349,19 +432,23 @@ def main(argv=None):
         sys.exit(f"plot_norms.py: error: {e}")
     groups = group_runs(runs)
     fig_dir = args.fig_dir or (os.path.join('figures', args.config) if args.run else 'figures')
+    exits = None
+    if args.exit_windows > 0:  # before any figure is written: a bad checkpoint stops everything, in one line
+        if all(os.path.exists(os.path.join(run['folder'], 'ckpt.pt')) for run in runs):
+            print(f"early-exit benchmark on {len(runs)} checkpoints (timed: keep the machine otherwise idle)", flush=True)
+            try:
+                exits = exit_results(groups, args.exit_windows)
+            except (ValueError, OSError) as e:  # an unreadable checkpoint or dataset: say which, in one line
+                sys.exit(f"plot_norms.py: error: no early-exit benchmark: {e}")
+        else:
+            print("no early-exit benchmark: some runs have no ckpt.pt")
     for path in plot(groups, fig_dir):
         print(f"wrote {path}")
     print(table(groups, fig_dir))
     print(f"wrote {os.path.join(fig_dir, 'table.md')} and table.csv")
-    if args.exit_windows > 0:
-        if all(os.path.exists(os.path.join(run['folder'], 'ckpt.pt')) for run in runs):
-            try:
-                print(exit_table(groups, fig_dir, args.exit_windows))
-            except (ValueError, OSError) as e:  # an unreadable checkpoint or dataset: say which, in one line
-                sys.exit(f"plot_norms.py: error: no early-exit table: {e}")
-            print(f"wrote {os.path.join(fig_dir, 'exit_table.md')}")
-        else:
-            print("no early-exit table: some runs have no ckpt.pt")
+    if exits is not None:
+        print(exit_table(exits, fig_dir))
+        print(f"wrote {os.path.join(fig_dir, 'exit_table.md')} and {plot_pareto(exits, fig_dir, describe(next(iter(groups.values()))))}")
 
 
 if __name__ == '__main__':

@@ -6,6 +6,7 @@ Generate text from a trained looped model, at its trained loop count or any othe
     python sample.py --out_dir=... --start="ROMEO:" --num_samples=3 --max_new_tokens=300
     python sample.py --out_dir=... --start=FILE:prompt.txt
     python sample.py --out_dir=out/laptop --exit=kl --exit_threshold=0.01        # stop looping early per token
+    python sample.py --exit=confidence --exit_threshold=0.6 --show_depth         # see which tokens needed more loops
 """
 
 import argparse
@@ -38,6 +39,34 @@ def get_codec(meta):
     return encode, lambda ids: ''.join(itos[i] for i in ids)
 
 
+# 256-colour terminal codes for exit loops 1, 2, ...: green (early) through yellow and orange to red and magenta
+PALETTE = (46, 154, 226, 214, 208, 196, 199, 201, 129, 93)
+MARKS = '123456789abcdefghijklmnopqrstuvwxyz'  # one character per loop, for plain text
+
+
+def show_depth(prompt, pieces, depths, n_loop, ansi):
+    """The prompt and the generated tokens (their texts, pieces), each marked by the loop at which it exited
+    (depths). In a terminal (ansi) each token is coloured by its loop, under a colour legend; otherwise every
+    line of text is followed by a line that puts the loop's digit under each character of each generated token
+    (blank under the prompt)."""
+    if ansi:
+        paint = lambda text, d: f"\033[38;5;{PALETTE[min(d, len(PALETTE)) - 1]}m{text}\033[0m"
+        legend = 'colour = loop at which the token exited: ' + ' '.join(paint(str(k), k) for k in range(1, n_loop + 1))
+        return legend + '\n' + prompt + ''.join(paint(p, d) for p, d in zip(pieces, depths))
+    text, marks = [''], ['']
+    for piece, d in [(prompt, None)] + list(zip(pieces, depths)):
+        for ch in piece:
+            if ch == '\n':
+                text.append('')
+                marks.append('')
+            else:
+                text[-1] += ch
+                marks[-1] += ' ' if d is None else MARKS[d - 1] if d <= len(MARKS) else '+'
+    legend = (f"under each line: the loop (1..{n_loop}) at which each generated character's token exited "
+              "(blank: the prompt)")
+    return legend + '\n' + '\n'.join(f"{t}\n{m.rstrip()}" for t, m in zip(text, marks))
+
+
 def get_parser():
     p = argparse.ArgumentParser(description='Sample from a looped model checkpoint.')
     p.error = lambda msg: sys.exit(f"sample.py: error: {msg}")
@@ -54,6 +83,9 @@ def get_parser():
                         'successive loops <= threshold)')
     p.add_argument('--exit_threshold', type=float, default=None,
                    help='threshold of --exit (e.g. 0.9 for confidence, 0.01 for kl; diagnose.py calibrates one)')
+    p.add_argument('--show_depth', action='store_true',
+                   help='mark every generated token with the loop at which it exited (colours in a terminal, '
+                        'a line of digits under the text otherwise)')
     p.add_argument('--device', default='auto', help='auto, cpu, cuda or mps')
     return p
 
@@ -94,7 +126,11 @@ def main(argv=None):
         y, used = model.generate(x, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                                  n_loop=n_loop, exit_rule=exit_rule, exit_threshold=args.exit_threshold)
         loops += used
-        print(decode(y[0].tolist()))
+        if args.show_depth:
+            new = y[0, x.size(1):].tolist()
+            print(show_depth(decode(ids), [decode([t]) for t in new], used, n_loop, sys.stdout.isatty()))
+        else:
+            print(decode(y[0].tolist()))
         print('---------------')
     if loops:
         print(f"mean loops per token: {sum(loops) / len(loops):.2f} of {n_loop}"

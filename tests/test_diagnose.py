@@ -49,6 +49,40 @@ def test_exit_calibration_bounds():
         assert d.mean() == pytest.approx(depth) and math.exp(ce[np.arange(len(d)), d - 1].mean()) == pytest.approx(ppl)
 
 
+def test_sequence_exit_calibration_on_a_known_case():
+    """Four sequences, K = 3. Two are easy (score 0.9 at loop 1, and loop 1 is as good as loop 3), two are hard
+    (score 0.2 at loop 1, where their loss is far worse): the calibrated threshold must let exactly the easy ones
+    leave at loop 1, for mean loops (1 + 1 + 3 + 3) / 4 = 2 and perplexity exactly depth 3's."""
+    ce = np.array([[1.0, 1.0, 1.0], [1.0, 1.0, 1.0], [3.0, 2.0, 1.0], [3.0, 2.0, 1.0]])
+    score = np.array([[0.9, 0.9, 0.9], [0.9, 0.9, 0.9], [0.2, 0.3, 0.9], [0.2, 0.3, 0.9]])
+    t = diagnose.calibrate_sequence_exit(ce, score, 3)
+    assert 0.3 < t <= 0.9
+    assert diagnose.sequence_exit(ce, score, t, 3) == (2.0, pytest.approx(math.e))
+    # the hard ones at loop 2 cost more than 1%: allowed only with a looser tolerance
+    loose = diagnose.calibrate_sequence_exit(ce, score, 3, tolerance=1.0)
+    assert 0.2 < loose <= 0.3 and diagnose.sequence_exit(ce, score, loose, 3)[0] == 1.5
+    assert diagnose.calibrate_sequence_exit(ce[:, :1], score[:, :1], 1) == math.inf  # K = 1: nothing to skip
+
+
+def test_timed_exit_run_matches_the_computed_exits():
+    """The served run (exited sequences leave the batch) must give the very loops and perplexity that the
+    per-sequence statistics predict for the same threshold; and the scores are what they say."""
+    model, (x, y) = tiny(), data(n_windows=10)
+    ce, scores = diagnose.sequence_depth_stats(model, x, y, 3, batch_size=4)
+    _, _, stats = model(x, y, n_loop=3)
+    assert np.allclose(ce.mean(0), stats['ce'].numpy(), atol=1e-5)
+    assert ((scores['max_prob'] > 0) & (scores['max_prob'] <= 1)).all() and (scores['margin'] >= 0).all()
+    assert ((scores['entropy'] >= -1e-6) & (scores['entropy'] <= 1)).all()
+    for name, s in scores.items():
+        for t in np.quantile(s[:, :2], [0.2, 0.6]):
+            loops, ppl, tok_s = diagnose.timed_exit_run(model, x, y, 3, name, t, batch_size=4)
+            assert (loops, ppl) == pytest.approx(diagnose.sequence_exit(ce, s, t, 3), rel=1e-5) and tok_s > 0
+    assert diagnose.timed_exit_run(model, x, y, 3)[:2] == pytest.approx((3.0, math.exp(ce[:, 2].mean())), rel=1e-5)
+    uniform = torch.zeros(11).log_softmax(-1)  # the scores' ends: a uniform prediction is the least confident
+    assert diagnose.SCORES['entropy'](uniform).item() == pytest.approx(0, abs=1e-6)
+    assert diagnose.SCORES['margin'](uniform).item() == 0 and diagnose.SCORES['max_prob'](uniform).item() == pytest.approx(1 / 11)
+
+
 @pytest.mark.parametrize('readout, flat', [('rmsnorm', True), ('layernorm', True), ('raw', False)])
 def test_scale_sensitivity(readout, flat):
     model, (x, y) = tiny(readout=readout), data()
@@ -128,7 +162,8 @@ def test_cli_prints_every_table(small_data, tmp_path, capsys):
     train.main(['--dataset', small_data, '--out_dir', str(tmp_path), *TINY, '--max_iters=2', '--eval_interval=2'])
     diagnose.main(['--out_dir', str(tmp_path), '--max_windows=20', '--diag_windows=4'])
     out = capsys.readouterr().out
-    for heading in ('perplexity by exit depth', 'early exit', 'scale sensitivity', 'radial gradient fraction',
+    for heading in ('perplexity by exit depth', 'early exit per token', 'early exit per sequence', '| max_prob | calibrated',
+                    '| entropy | q0.5', 'scale sensitivity', 'radial gradient fraction',
                     'per-loop update', 'radial clamps', 'lemma check over 30 loops'):
         assert heading in out
     assert (tmp_path / 'lemma.png').stat().st_size > 0

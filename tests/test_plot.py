@@ -21,7 +21,7 @@ def two_runs(small_data, tmp_path_factory):
 def test_figures_and_table_from_two_runs(two_runs, tmp_path, capsys):
     plot_norms.main([str(two_runs / '*'), '--fig_dir', str(tmp_path)])
     for name in ('fig1_norm_explosion.png', 'fig2_norm_by_loop.png', 'fig3_loss_by_depth.png', 'table.csv', 'table.md',
-                 'fig1_norm_explosion.svg', 'exit_table.md'):
+                 'fig1_norm_explosion.svg', 'exit_table.md', 'fig4_pareto.png', 'fig6_crossover.png'):
         assert (tmp_path / name).stat().st_size > 0, name
     rows = (tmp_path / 'table.csv').read_text().splitlines()
     assert rows[0].startswith('condition,seeds,step') and len(rows) == 3
@@ -30,9 +30,20 @@ def test_figures_and_table_from_two_runs(two_runs, tmp_path, capsys):
     raw_row = next(r for r in rows if r.startswith('per_loop + raw')).split(',')
     assert float(raw_row[4]) == pytest.approx(log[-1]['hidden_norm'][1], abs=0.06)  # ||h_K|| (K = 2) from the log
     exits = (tmp_path / 'exit_table.md').read_text().splitlines()
-    assert len(exits) == 4 and 'confidence mean loops' in exits[0]
-    loops = float(exits[2].split('|')[3])
-    assert 1 <= loops <= 2  # K = 2 in these runs
+    assert len(exits) == 4 and 'max_prob loops' in exits[0] and 'entropy tok/s' in exits[0]
+    cells = exits[2].split('|')
+    assert 1 <= float(cells[4]) <= 2 and float(cells[3].replace(',', '')) > 0  # K = 2 in these runs; a measured speed
+
+
+def test_a_corrupt_checkpoint_stops_plot_norms_before_any_figure(two_runs, tmp_path):
+    import shutil
+    bad = tmp_path / 'bad'
+    shutil.copytree(two_runs / 'raw', bad)
+    (bad / 'ckpt.pt').write_bytes(b'not a checkpoint')
+    with pytest.raises(SystemExit) as e:
+        plot_norms.main([str(two_runs / 'rms'), str(bad), '--fig_dir', str(tmp_path / 'figs')])
+    assert 'unreadable' in str(e.value.code) and '\n' not in str(e.value.code)
+    assert not (tmp_path / 'figs').exists()
 
 
 def test_every_condition_is_named_back_from_its_flags():

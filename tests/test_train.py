@@ -181,6 +181,50 @@ def test_sample_prints_text_at_other_loop_counts(finished_run, capsys):
         sample.main(['--out_dir', str(out), '--n_loop=0'])
 
 
+def test_show_depth_marks_every_generated_token(finished_run, capsys, monkeypatch):
+    """Without a terminal: a line of loop digits under each line of text, one digit per generated character,
+    and the digits are the loops generate() reports; in a terminal: one colour per loop, with a legend."""
+    _, out = finished_run
+    reported, generate = [], sample.LoopedGPT.generate
+
+    def spy(self, *a, **k):
+        idx, used = generate(self, *a, **k)
+        reported.append((idx[0, -len(used):].tolist(), used))
+        return idx, used
+    monkeypatch.setattr(sample.LoopedGPT, 'generate', spy)
+    argv = ['--out_dir', str(out), '--max_new_tokens=40', '--start=ROMEO:', '--num_samples=1', '--n_loop=3',
+            '--exit=kl', '--exit_threshold=1e-3', '--show_depth']
+    sample.main(argv)
+    text = capsys.readouterr().out
+    assert '\033[' not in text and 'the loop (1..3) at which' in text
+    body = text.split('exited (blank: the prompt)\n')[1].split('---------------')[0].rstrip('\n').split('\n')
+    lines, marks = body[0::2], body[1::2]
+    assert lines[0].startswith('ROMEO:') and marks[0].startswith(' ' * 6)  # the prompt is not marked
+    codec = sample.get_codec(torch.load(out / 'ckpt.pt', weights_only=False)['meta'])
+    ids, used = reported[0]
+    expected = ''.join(str(d) for i, d in zip(ids, used) if codec[1]([i]) != '\n')  # newlines take no column
+    assert ''.join(m.strip() for m in marks) == expected and set(expected) <= {'2', '3'}  # kl never exits at loop 1
+    # the same command, seen by a terminal: run it under a pseudo-terminal
+    import pty
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, 'sample.py', *argv], cwd=ROOT, stdout=follower, stderr=subprocess.STDOUT)
+    os.close(follower)
+    seen = b''
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+    assert proc.wait(timeout=60) == 0
+    seen = seen.decode()
+    paint = {d: f'\033[38;5;{sample.PALETTE[d - 1]}m' for d in (1, 2, 3)}
+    assert 'colour = loop at which the token exited' in seen and all(paint[d] in seen for d in set(used))
+    assert sample.show_depth('a', ['b', 'c'], [1, 2], 2, ansi=True).endswith(f"a{paint[1]}b\033[0m{paint[2]}c\033[0m")
+
+
 def test_prepare_char_on_a_local_file(tmp_path):
     text = 'hello world\nthe quick brown fox jumps over the lazy dog\n' * 20
     src = tmp_path / 'in.txt'
