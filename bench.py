@@ -4,22 +4,34 @@ Time training steps on synthetic data: tokens/s, MFU, peak memory, compile time.
     python bench.py                                                   # the laptop model on this machine
     python bench.py --config=gpu_char --supervision=terminal          # on a GPU: compare with per_loop
     python bench.py --vocab_size=50257 --n_embd=64 --n_layer=1 --batch_size=4 --block_size=64
+    python bench.py --suite                                           # everything below in one table (+ JSON)
 
 Takes train.py's flags (--config, the model and variant flags, --device, --dtype, --compile, ...: see
 python train.py --help) plus its own --vocab_size, --steps and --warmup. Peak memory is the CUDA allocator's
 peak on a GPU, the MPS driver's allocation on Apple silicon, and on a CPU how far the process's peak resident
 memory rose above its resident memory before the first step (run one configuration per process to compare them).
+
+--suite measures, on CUDA at the paper_44m shape (8 x 512, K=4, T=256, batch 64, V=20k; under 8 minutes on one
+H100/H200): tokens/s and MFU for per_loop and terminal supervision, eager and compiled, SDPA and manual
+attention; peak memory per_loop / terminal at V = 20k and 50k; recompiles during training plus evaluation at 2K
+after a warm-up; compiled against eager loss over 20 steps; and a 300-step gpu_char pair (rmsnorm, raw) on tiny
+Shakespeare with its final ||h_K||, the blind spot on a GPU. On a CPU it runs the same suite at toy sizes in
+under a minute and marks the rows it did not measure. It prints a markdown table and writes it as JSON (--json).
 """
 
 import argparse
+import contextlib
+import json
+import os
 import resource
 import sys
+import tempfile
 import time
 
 import torch
 
 import train  # bench.py times train.py's training step, so it takes train.py's flags and model config
-from looped import LoopedGPT, resolve_device
+from looped import LoopedConfig, LoopedGPT, resolve_device
 
 
 def peak_rss_mib():
@@ -37,12 +49,41 @@ def rss_mib():
         return peak_rss_mib()
 
 
+def sync(device_type):
+    {'cuda': torch.cuda.synchronize, 'mps': torch.mps.synchronize}.get(device_type, lambda: None)()
+
+
+def time_steps(model, optimizer, rt, x, y, steps, warmup):
+    """Seconds per training step (forward, backward, AdamW) on the batch (x, y), after warmup untimed steps;
+    on CUDA the peak-memory counter is reset after the warm-up. Returns (seconds per step, warm-up seconds)."""
+    def step():
+        with rt.autocast:
+            _, loss, _ = model(x, y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    t0 = time.time()
+    for _ in range(warmup):
+        step()
+    sync(rt.device_type)
+    warm_s = time.time() - t0
+    if rt.device_type == 'cuda':
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.time()
+    for _ in range(steps):
+        step()
+    sync(rt.device_type)
+    return (time.time() - t0) / steps, warm_s
+
+
 def parse(argv=None):
     """bench.py's own flags, then train.py's flags from the rest; --help describes both."""
     own = argparse.ArgumentParser(add_help=False)
     own.add_argument('--vocab_size', type=int, default=65, help='synthetic vocabulary (65: the char-level one)')
     own.add_argument('--steps', type=int, default=10, help='timed steps')
     own.add_argument('--warmup', type=int, default=3, help='untimed steps first (compilation happens here)')
+    own.add_argument('--suite', action='store_true', help='the whole benchmark suite (see above); other flags ignored')
+    own.add_argument('--json', default='out/bench_suite.json', help='where --suite writes its table as JSON')
     mine, rest = own.parse_known_args(argv)
     if '-h' in rest or '--help' in rest:
         print(__doc__.strip() + '\n\nbench.py flags:')
@@ -55,6 +96,8 @@ def parse(argv=None):
 
 def main(argv=None):
     mine, args = parse(argv)
+    if mine.suite:
+        return suite(mine.json)
     if mine.vocab_size < 1 or mine.steps < 1 or mine.warmup < 0:
         sys.exit("bench.py: error: need --vocab_size >= 1, --steps >= 1 and --warmup >= 0")
     try:
@@ -73,29 +116,8 @@ def main(argv=None):
     B, T = args.batch_size, config.block_size
     x = torch.randint(mine.vocab_size, (B, T), device=device)
     y = torch.randint(mine.vocab_size, (B, T), device=device)
-
-    def step():
-        with rt.autocast:
-            _, loss, _ = model(x, y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss.item()  # a sync, as in train.py
-
-    sync = {'cuda': torch.cuda.synchronize, 'mps': torch.mps.synchronize}.get(rt.device_type, lambda: None)
     base = rss_mib()  # what the model, optimizer and batch hold before the first step
-    t0 = time.time()
-    for _ in range(mine.warmup):
-        step()
-    sync()
-    warm_s = time.time() - t0
-    if rt.device_type == 'cuda':
-        torch.cuda.reset_peak_memory_stats()
-    t0 = time.time()
-    for _ in range(mine.steps):
-        step()
-    sync()
-    dt = (time.time() - t0) / mine.steps
+    dt, warm_s = time_steps(model, optimizer, rt, x, y, mine.steps, mine.warmup)
     if rt.device_type == 'cuda':
         peak, what = torch.cuda.max_memory_allocated() / 2**20, 'CUDA allocated'
     elif rt.device_type == 'mps':
@@ -108,6 +130,160 @@ def main(argv=None):
           f"{tok_s:,.0f} tok/s | MFU {train.fmt_mfu(tok_s, model.flops_per_token(), train.peak_flops(device))} | "
           f"peak memory {peak:,.0f} MiB ({what}) | warm-up {warm_s:.1f} s ({mine.warmup} steps"
           f"{', compile included' if rt.compile else ''})")
+
+
+# ---- the suite ----
+
+def build(rt, vocab_size, batch, compile=False, seed=0, **fields):
+    """A model (LoopedConfig fields) on rt's device, its optimizer, and a batch of random tokens."""
+    config = LoopedConfig(vocab_size=vocab_size, dropout=0.0, **fields)
+    torch.manual_seed(seed)
+    model = LoopedGPT(config).to(rt.device)
+    optimizer = model.configure_optimizers(0.01, 3e-4, rt.device_type)
+    if compile:  # regional, as in train.py
+        for block in model.blocks:
+            block.compile()
+    g = torch.Generator().manual_seed(seed)
+    x, y = (torch.randint(vocab_size, (batch, config.block_size), generator=g).to(rt.device) for _ in range(2))
+    return model, optimizer, x, y
+
+
+def unique_graphs():
+    """How many graphs torch.compile has built so far in this process (a recompile builds one more)."""
+    from torch._dynamo.utils import counters
+    return counters['stats']['unique_graphs']
+
+
+def suite(json_path):
+    """Run every measurement (see the module docstring), print one markdown table, write it as JSON."""
+    rt = resolve_device('auto', 'auto', 'auto')
+    gpu = rt.device_type == 'cuda'
+    peak = train.peak_flops(rt.device)
+    if gpu:  # the paper_44m shape
+        shape, V, steps, name = dict(n_layer=8, n_embd=512, n_head=8, n_loop=4, block_size=256, batch=64), 20000, 10, 'paper_44m'
+    else:    # toy sizes: the same measurements in under a minute on 2 cores
+        shape, V, steps, name = dict(n_layer=2, n_embd=64, n_head=4, n_loop=4, block_size=64, batch=8), 512, 5, 'toy'
+    dims = {k: v for k, v in shape.items() if k != 'batch'}
+    B = shape['batch']
+    print(f"{rt.describe()} | {name} shape: {shape}, V={V:,}", flush=True)
+    rows, skipped, t_start = [], [], time.time()
+
+    def add(measure, config, result, goal=''):
+        rows.append({'measure': measure, 'config': config, 'result': result, 'goal': goal})
+        print(f"  {measure} | {config} | {result}", flush=True)
+
+    # 1. throughput and MFU
+    compiled_model = None
+    for supervision in ('per_loop', 'terminal'):
+        for compile in (False, True):
+            for attention in ('sdpa', 'manual'):
+                what = f"{name} {supervision}, {'compiled' if compile else 'eager'}, {attention}"
+                if compile and not gpu and (supervision, attention) != ('per_loop', 'sdpa'):
+                    skipped.append(f"tokens/s: {what} (on a CPU only one compiled row: each compile costs seconds here)")
+                    continue
+                model, opt, x, y = build(rt, V, B, compile, supervision=supervision, attention=attention, **dims)
+                dt, warm = time_steps(model, opt, rt, x, y, steps, 3)
+                tok_s = x.numel() / dt
+                goal = '>= 40% MFU' if gpu and supervision == 'per_loop' and compile and attention == 'sdpa' else ''
+                add('tokens/s, MFU', what, f"{tok_s:,.0f} tok/s, MFU {train.fmt_mfu(tok_s, model.flops_per_token(), peak)}"
+                    f" ({dt * 1000:.1f} ms/step, warm-up {warm:.1f} s)", goal)
+                if compile and supervision == 'per_loop' and attention == 'sdpa':
+                    compiled_model = (model, opt, x, y)
+
+    # 2. peak memory, per_loop against terminal, at two vocabularies (eager: the readouts' memory, not the compiler's)
+    if gpu:
+        for vocab in (20000, 50257):
+            peaks = {}
+            for supervision in ('per_loop', 'terminal'):
+                model, opt, x, y = build(rt, vocab, B, supervision=supervision, **dims)
+                time_steps(model, opt, rt, x, y, 2, 1)
+                peaks[supervision] = torch.cuda.max_memory_allocated() / 2**20
+                del model, opt
+                torch.cuda.empty_cache()
+            add('peak memory', f"{name} V={vocab:,}: per_loop / terminal",
+                f"{peaks['per_loop']:,.0f} / {peaks['terminal']:,.0f} MiB = {peaks['per_loop'] / peaks['terminal']:.2f}x",
+                '<= 1.25x')
+    else:
+        skipped.append('peak memory per_loop / terminal at V = 20k and 50k (GPU allocator only; on a CPU: '
+                       'python bench.py --vocab_size=50257 ... once per supervision)')
+
+    # 3. recompiles: after a warm-up (a training step, an evaluation at 2K loops, a training step), more of the same
+    # must build no new graph
+    model, opt, x, y = compiled_model
+    K = model.config.n_loop
+
+    def train_step():
+        with rt.autocast:
+            model(x, y)[1].backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    @torch.no_grad()
+    def evaluate():
+        model.eval()
+        with rt.autocast:
+            model(x, y, n_loop=2 * K)
+        model.train()
+    for f in (train_step, evaluate, train_step):
+        f()
+    before = unique_graphs()
+    for f in (train_step, train_step, evaluate, train_step, evaluate):
+        f()
+    add('recompiles after warm-up', f"{name} per_loop compiled: 3 training steps + 2 evaluations at 2K={2 * K}",
+        f"{unique_graphs() - before} (warm-up built {before})", '0')
+
+    # 4. compiled against eager: the same 20 steps from the same weights on the same batches
+    losses = {}
+    for compile in (False, True):
+        model, opt, _, _ = build(rt, V, B, compile, supervision='per_loop', **dims)
+        g = torch.Generator().manual_seed(1)
+        losses[compile] = []
+        for _ in range(20):
+            x, y = (torch.randint(V, (B, shape['block_size']), generator=g).to(rt.device) for _ in range(2))
+            with rt.autocast:
+                _, loss, _ = model(x, y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses[compile].append(loss.item())
+    diff = max(abs(a - b) for a, b in zip(losses[False], losses[True]))
+    add('compiled vs eager loss', f"{name} per_loop, 20 steps", f"largest difference {diff:.2e} (final loss {losses[True][-1]:.3f})",
+        '<= 1e-2')
+
+    # 5. the blind spot on this device: rmsnorm and raw readouts trained side by side on tiny Shakespeare
+    pair = ['--config=gpu_char', '--max_iters=300', '--eval_interval=300'] if gpu else \
+        ['--config=laptop', '--n_layer=1', '--n_embd=32', '--n_head=2', '--block_size=32', '--batch_size=8',
+         '--max_iters=30', '--eval_interval=30', '--eval_iters=2']
+    steps_pair = pair[1 if gpu else 6].split('=')[1]
+    try:
+        found = {}
+        with tempfile.TemporaryDirectory() as tmp:
+            for readout in ('rmsnorm', 'raw'):
+                out = os.path.join(tmp, readout)
+                quiet = open(os.devnull, 'w')
+                with contextlib.redirect_stdout(quiet):
+                    train.main([*pair, f'--readout={readout}', f'--out_dir={out}', '--log_interval=1000'])
+                with open(os.path.join(out, 'log.jsonl')) as f:
+                    last = [json.loads(line) for line in f][-1]
+                found[readout] = (last['hidden_norm'][3], last['val_loss'][3])  # loop K = 4 in both configurations
+        add('blind spot', f"{pair[0][9:]}{'' if gpu else ' (tiny)'}, {steps_pair} steps: final ‖h_K‖ rmsnorm / raw",
+            f"{found['rmsnorm'][0]:,.1f} / {found['raw'][0]:,.1f} (val loss {found['rmsnorm'][1]:.3f} / {found['raw'][1]:.3f})",
+            'rmsnorm >> raw')
+    except (SystemExit, ValueError) as e:  # no dataset here and no network to fetch it
+        skipped.append(f"blind spot pair: {e}")
+
+    table = ['| measure | configuration | result | goal |', '|---|---|---|---|']
+    table += [f"| {r['measure']} | {r['config']} | {r['result']} | {r['goal']} |" for r in rows]
+    print(f"\n{rt.describe()}" + (f" ({torch.cuda.get_device_name(rt.device)})" if gpu else '') + '\n')
+    print('\n'.join(table))
+    if skipped:
+        print('\nnot measured here:\n' + '\n'.join(f"- {s}" for s in skipped))
+    os.makedirs(os.path.dirname(json_path) or '.', exist_ok=True)
+    with open(json_path, 'w') as f:
+        json.dump({'device': rt.device, 'gpu': torch.cuda.get_device_name(rt.device) if gpu else None,
+                   'torch': torch.__version__, 'rows': rows, 'not_measured': skipped,
+                   'seconds': round(time.time() - t_start, 1)}, f, indent=1)
+    print(f"\nsuite done in {time.time() - t_start:.0f} s; wrote {json_path}")
 
 
 if __name__ == '__main__':

@@ -228,15 +228,17 @@ class Data:
         self.gen = torch.Generator().manual_seed(seed)  # its state goes into the checkpoint, for exact resume
 
     def _batch(self, data, starts):
-        x = torch.stack([torch.from_numpy(data[i:i + self.T].astype(np.int64)) for i in starts])
-        y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + self.T].astype(np.int64)) for i in starts])
+        # one fancy-indexing gather of (B, T + 1) windows: 10x faster than stacking B slices (0.05 against
+        # 0.46 ms for 64 x 256 here), which matters on a GPU, where it runs while the GPU waits for the next step
+        w = torch.from_numpy(data[np.asarray(starts)[:, None] + np.arange(self.T + 1)].astype(np.int64))
+        x, y = w[:, :-1], w[:, 1:]                                    # (B, T) each: y is x shifted by one
         if self.device.startswith('cuda'):  # pinned memory lets the copy overlap with the GPU's work
             return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
         return x.to(self.device), y.to(self.device)
 
     def train_batch(self):
         data = self.splits['train']
-        return self._batch(data, torch.randint(len(data) - self.T - 1, (self.B,), generator=self.gen).tolist())
+        return self._batch(data, torch.randint(len(data) - self.T - 1, (self.B,), generator=self.gen).numpy())
 
     def fixed_batches(self, split, n_batches):
         """Up to n_batches batches of windows spread evenly over the split, the same for every run and every
