@@ -56,25 +56,29 @@ def comparable(log):
     return head, [{k: v for k, v in r.items() if k != 'elapsed_s'} for r in log[1:]]
 
 
-def kill_loop(n_kills, data, work, max_iters=60, rng=None, say=print):
+def kill_loop(n_kills, data, work, max_iters=None, rng=None, say=print):
     """n_kills SIGKILLs of one run (each followed by a restart), then the run is finished. Returns a dict of
     counts: kills, lost and duplicated records, mixed runs, and whether the log equals the reference run's."""
     import torch
     rng = rng or random.Random(0)
+    max_iters = max_iters or 5 * n_kills + 20  # long enough that the kills, not the run, end first
     flags = [f'--max_iters={max_iters}', '--eval_interval=1']
     ref, out = os.path.join(work, 'reference'), os.path.join(work, 'killed')
-    subprocess.run(train_cmd(data, ref, *flags), check=True, capture_output=True)
     t0 = time.time()
-    subprocess.run(train_cmd(data, os.path.join(work, 'timing'), *flags), check=True, capture_output=True)
-    span = time.time() - t0  # start-up plus the whole run: kills land anywhere in it, start-up included
+    subprocess.run(train_cmd(data, ref, *flags), check=True, capture_output=True)
+    span = time.time() - t0
+    t0 = time.time()
+    subprocess.run(train_cmd(data, os.path.join(work, 'startup'), '--max_iters=1'), check=True, capture_output=True)
+    startup = time.time() - t0
+    per_step = max(span - startup, 0.0) / max_iters
     kills = 0
     while True:
         restart = ['--resume'] if os.path.exists(os.path.join(out, 'ckpt.pt')) else \
             ['--overwrite'] if os.path.exists(os.path.join(out, 'log.jsonl')) else []
         proc = subprocess.Popen(train_cmd(data, out, *flags, *restart), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         if kills < n_kills:
-            try:
-                proc.wait(timeout=rng.uniform(0.2, span))
+            try:  # anywhere from start-up (imports, checkpoint loading, log repair) to a few steps into training
+                proc.wait(timeout=rng.uniform(0.2, startup + 6 * per_step))
             except subprocess.TimeoutExpired:
                 proc.kill()
                 kills += 1
@@ -140,12 +144,16 @@ def interrupt_loop(n, data, work, rng=None, say=print):
     return {'tries': n, 'saved': saved, 'max_stop_s': max(times)}
 
 
-def main():
+def get_parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--kills', type=int, default=50, help='kill -9s in the kill loop (0: skip it)')
     p.add_argument('--interrupts', type=int, default=20, help='torchrun interrupts (0: skip them)')
     p.add_argument('--seed', type=int, default=0, help='the random moments')
-    args = p.parse_args()
+    return p
+
+
+def main():
+    args = get_parser().parse_args()
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory() as work:
         data = make_dataset(os.path.join(work, 'data'))

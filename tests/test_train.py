@@ -15,6 +15,7 @@ import torch
 
 import bench
 import diagnose
+import faults
 import plot_norms
 import sample
 import train
@@ -281,7 +282,7 @@ def test_every_readme_command_parses():
             train.parse_args(argv)
         elif script == 'bench':
             bench.parse(argv)
-        elif script.startswith('assignments/'):
+        elif script.startswith('assignments/') or script == 'tests/faults':
             importlib.import_module(script.split('/')[1]).get_parser().parse_args(argv)
         else:
             {'sample': sample, 'plot_norms': plot_norms, 'diagnose': diagnose}[script].get_parser().parse_args(argv)
@@ -294,7 +295,8 @@ def test_readme_flags_exist_and_the_concept_table_matches_the_defaults():
     train.py's."""
     known = {opt for parser in (train.get_parser(), sample.get_parser(), diagnose.get_parser(), plot_norms.get_parser())
              for action in parser._actions for opt in action.option_strings}
-    known |= {'--vocab_size', '--steps', '--warmup'}                      # bench.py's own flags
+    known |= {'--vocab_size', '--steps', '--warmup', '--suite', '--json'}  # bench.py's own flags
+    known |= {opt for action in faults.get_parser()._actions for opt in action.option_strings}  # tests/faults.py
     known |= {'--input', '--out_dir', '--tokenizer', '--only', '--runs', '--tolerance'}  # prepare and assignments
     known |= {'--standalone', '--nproc_per_node'}                         # torchrun's
     named = set(re.findall(r'(?<![\w-])(--[a-z][a-z0-9_]*)', readme()))
