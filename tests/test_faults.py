@@ -15,7 +15,7 @@ import torch
 import faults
 import train
 from conftest import ROOT, char_prepare
-from test_train import TINY, digest, read_log, run_train
+from test_train import TINY, digest, finished_run, read_log, run_train  # noqa: F401 (a fixture)
 
 import data as data_pkg
 
@@ -191,3 +191,18 @@ def test_resume_of_a_finished_run_restores_its_last_record(small_data, tmp_path)
     (tmp_path / 'log.jsonl').write_text(''.join(full.splitlines(keepends=True)[:-1]))
     run_train(small_data, tmp_path, '--max_iters=3', '--eval_interval=1', '--resume')
     assert (tmp_path / 'log.jsonl').read_text() == full
+
+
+@pytest.mark.parametrize('script, flags, message', [
+    ('sample', ['--temperature=nan'], 'need --temperature > 0'),
+    ('sample', ['--device=bogus'], 'unknown device'),
+    ('diagnose', ['--device=mps'], 'MPS (Apple GPU) is not available'),
+    ('diagnose', ['--device=cuda:3'], 'no CUDA GPU'),
+])
+def test_other_scripts_bad_input_is_one_line(finished_run, script, flags, message):
+    import diagnose
+    import sample
+    _, out = finished_run
+    with pytest.raises(SystemExit) as e:
+        {'sample': sample, 'diagnose': diagnose}[script].main(['--out_dir', str(out), *flags])
+    assert message in str(e.value.code) and '\n' not in str(e.value.code), e.value.code
