@@ -244,13 +244,15 @@ def plot(groups, fig_dir):
     finals = [series(runs, 'val_loss', K - 1)[1][:, -1].mean() for runs in groups.values()]
     left.set_ylim(min(finals) - 0.15, max(finals) + 0.6)  # the first evaluations sit far above: keep the end in view
     left.set(xlabel='training step', ylabel=f'validation loss at depth K={K}', title='validation loss at the trained depth')
-    right.axhline(0, color='grey', lw=0.8)
+    if base is not None:
+        right.axhline(0, color=STYLES[list(groups).index('per_loop + rmsnorm') % len(STYLES)][0], lw=1.2,
+                      label='per_loop + rmsnorm (the zero line)')
     right.set_ylim(-0.3, 0.5)
     right.set(xlabel='training step', ylabel='loss minus per_loop + rmsnorm (below 0: better)',
               title='gap to the scale-invariant readout (per seed, then mean)')
     for ax in (left, right):
         ax.grid(True, alpha=0.3)
-    if right.lines[1:]:  # (the zero line is the first)
+    if right.lines:
         right.legend(fontsize=8, loc='upper left', bbox_to_anchor=(1.01, 1))
     else:
         right.text(0.5, 0.5, 'no per_loop + rmsnorm run to compare with', ha='center', transform=right.transAxes)
@@ -331,6 +333,7 @@ def plot_pareto(results, fig_dir, title):
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
     fig, axes = plt.subplots(1, len(diagnose.SCORES), figsize=(15, 4.8), sharey=True)
     for ax, score in zip(axes, diagnose.SCORES):
         for (name, seeds), (color, ls, marker) in zip(results.items(), STYLES * 2):
@@ -341,7 +344,8 @@ def plot_pareto(results, fig_dir, title):
             ax.plot(*zip(*xy), color=color, ls=ls, marker=marker, ms=4, label=name)
             ax.plot(np.mean([rows[0]['tok_s'] for rows in seeds]), np.mean([rows[0]['ppl'] for rows in seeds]),
                     marker='*', ms=12, color=color, ls='none')
-        ax.set(xlabel='measured throughput (tokens/s)', title=f"score: {score}")
+        ax.set(xlabel='measured throughput (thousand tokens/s)', title=f"score: {score}")
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v / 1000:g}"))
         ax.grid(True, alpha=0.3)
     axes[0].set_ylabel('validation perplexity (held-out half)')
     axes[-1].legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.01, 1))
