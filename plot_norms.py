@@ -20,7 +20,6 @@ import argparse
 import csv
 import glob
 import json
-import math
 import os
 import shlex
 import subprocess
@@ -307,6 +306,12 @@ def exit_results(groups, max_windows):
     return results
 
 
+def seed_mean(seeds, score, point, key):
+    """One entry of exit_benchmark's rows (score, operating point -> key: loops, ppl or tok_s), averaged over the
+    seeds of a condition (seeds: one list of rows per seed)."""
+    return float(np.mean([next(r[key] for r in rows if r['score'] == score and r['point'] == point) for rows in seeds]))
+
+
 def exit_table(results, fig_dir):
     """Per condition (mean over seeds): the plain depth-K model's perplexity and tok/s, and for every score the
     calibrated exit's mean loops, perplexity and tok/s, measured on the held-out half of the windows."""
@@ -315,13 +320,11 @@ def exit_table(results, fig_dir):
                                                                   for col in ('loops', 'ppl', 'tok/s')]
     rows = []
     for name, seeds in results.items():
-        pick = lambda score, point, key: np.mean([next(r[key] for r in rows_ if r['score'] == score and r['point'] == point)
-                                                  for rows_ in seeds])
-        K = seeds[0][0]['point'].split()[-1]
-        row = [name, f"{pick('none', f'depth {K}', 'ppl'):.3f}", f"{pick('none', f'depth {K}', 'tok_s'):,.0f}"]
+        plain = seeds[0][0]['point']  # 'depth K': the first row, the model without an exit
+        row = [name, f"{seed_mean(seeds, 'none', plain, 'ppl'):.3f}", f"{seed_mean(seeds, 'none', plain, 'tok_s'):,.0f}"]
         for s in diagnose.SCORES:
-            row += [f"{pick(s, 'calibrated', 'loops'):.2f}", f"{pick(s, 'calibrated', 'ppl'):.3f}",
-                    f"{pick(s, 'calibrated', 'tok_s'):,.0f}"]
+            row += [f"{seed_mean(seeds, s, 'calibrated', 'loops'):.2f}", f"{seed_mean(seeds, s, 'calibrated', 'ppl'):.3f}",
+                    f"{seed_mean(seeds, s, 'calibrated', 'tok_s'):,.0f}"]
         rows.append(row)
     return write_markdown(os.path.join(fig_dir, 'exit_table.md'), header, rows)
 
@@ -338,11 +341,10 @@ def plot_pareto(results, fig_dir, title):
     for ax, score in zip(axes, diagnose.SCORES):
         for (name, seeds), (color, ls, marker) in zip(results.items(), STYLES * 2):
             points = [p['point'] for p in seeds[0] if p['score'] == score]
-            mean = lambda point, key: np.mean([next(r[key] for r in rows if r['score'] == score and r['point'] == point)
-                                               for rows in seeds])
-            xy = sorted((mean(p, 'tok_s'), mean(p, 'ppl')) for p in points)
+            xy = sorted((seed_mean(seeds, score, p, 'tok_s'), seed_mean(seeds, score, p, 'ppl')) for p in points)
             ax.plot(*zip(*xy), color=color, ls=ls, marker=marker, ms=4, label=name)
-            ax.plot(np.mean([rows[0]['tok_s'] for rows in seeds]), np.mean([rows[0]['ppl'] for rows in seeds]),
+            plain = seeds[0][0]['point']
+            ax.plot(seed_mean(seeds, 'none', plain, 'tok_s'), seed_mean(seeds, 'none', plain, 'ppl'),
                     marker='*', ms=12, color=color, ls='none')
         ax.set(xlabel='measured throughput (thousand tokens/s)', title=f"score: {score}")
         ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v / 1000:g}"))

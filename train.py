@@ -309,26 +309,26 @@ def repair_log(log_path, ckpt):
     try:
         with open(log_path, 'rb') as f:
             lines = f.read().split(b'\n')
+        cut = lines.pop() != b''  # whatever follows the last newline is a line cut short
         head = json.loads(lines[0])
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, IndexError) as e:
         raise RunError(f"{log_path} has no readable header ({type(e).__name__}); the run cannot be resumed into it")
     if head.get('run_id') != ckpt.get('run_id'):
         raise RunError(f"{log_path} belongs to run {head.get('run_id')}, the checkpoint to run {ckpt.get('run_id')}: "
                        "the folder mixes two runs; start afresh with --overwrite or use another --out_dir")
-    cut = lines.pop() != b''  # whatever follows the last newline is a line cut short
-    kept, dropped = [lines[0]], 0
+    kept, dropped, last = [lines[0]], 0, -1  # last: the step of the last record kept
     for line in lines[1:]:
         try:
             step = json.loads(line)['step']
         except (ValueError, KeyError, TypeError):
             dropped += 1
             continue
-        if step <= ckpt['last_eval_step'] and (len(kept) == 1 or step > last):
+        if last < step <= ckpt['last_eval_step']:
             kept.append(line)
             last = step
         else:
             dropped += 1
-    restored = ckpt.get('record') is not None and (len(kept) == 1 or last < ckpt['last_eval_step'])
+    restored = ckpt.get('record') is not None and last < ckpt['last_eval_step']
     if restored:
         kept.append(json.dumps(ckpt['record']).encode())
     if not (cut or dropped or restored):

@@ -153,6 +153,9 @@ def test_an_unprepared_custom_dataset_gets_a_true_hint(tmp_path):
 
 @pytest.mark.parametrize('module', ['shakespeare_char', 'shakespeare'])
 def test_prepare_on_bad_input_is_one_line_and_keeps_the_old_dataset(module, tmp_path):
+    if module == 'shakespeare':  # the BPE script needs tiktoken's GPT-2 files before it can get to the writing
+        from test_wikitext import gpt2_or_skip
+        gpt2_or_skip()
     good = tmp_path / 'good.txt'
     good.write_text('To be, or not to be, that is the question. ' * 10)
     binary = tmp_path / 'binary.bin'

@@ -4,9 +4,8 @@ TF32 and pinned memory are measured by python bench.py --suite on a GPU.)"""
 
 import torch
 
-import train
 from looped import LoopedConfig, LoopedGPT
-from test_train import TINY, read_log, run_train
+from test_train import read_log, run_train
 
 # bf16 keeps about 3 significant digits; after 8 steps the compiled bf16 run stays within 1% of fp32 eager
 BF16_RTOL = 0.01
