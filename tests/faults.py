@@ -61,7 +61,7 @@ def kill_loop(n_kills, data, work, max_iters=None, rng=None, say=print):
     counts: kills, lost and duplicated records, mixed runs, and whether the log equals the reference run's."""
     import torch
     rng = rng or random.Random(0)
-    max_iters = max_iters or 5 * n_kills + 20  # long enough that the kills, not the run, end first
+    max_iters = max_iters or 20 * n_kills + 20  # long enough that the kills, not the run, end first
     flags = [f'--max_iters={max_iters}', '--eval_interval=1']
     ref, out = os.path.join(work, 'reference'), os.path.join(work, 'killed')
     t0 = time.time()
