@@ -31,7 +31,7 @@ import time
 import torch
 
 import train  # bench.py times train.py's training step, so it takes train.py's flags and model config
-from looped import LoopedConfig, LoopedGPT, resolve_device
+from looped import LoopedConfig, LoopedGPT, resolve_device, synchronize
 
 
 def peak_rss_mib():
@@ -49,30 +49,30 @@ def rss_mib():
         return peak_rss_mib()
 
 
-def sync(device_type):
-    {'cuda': torch.cuda.synchronize, 'mps': torch.mps.synchronize}.get(device_type, lambda: None)()
+def train_step(model, optimizer, rt, x, y):
+    """One training step as train.py takes it (forward under autocast, backward, AdamW); returns the loss tensor."""
+    with rt.autocast:
+        _, loss, _ = model(x, y)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss
 
 
 def time_steps(model, optimizer, rt, x, y, steps, warmup):
-    """Seconds per training step (forward, backward, AdamW) on the batch (x, y), after warmup untimed steps;
-    on CUDA the peak-memory counter is reset after the warm-up. Returns (seconds per step, warm-up seconds)."""
-    def step():
-        with rt.autocast:
-            _, loss, _ = model(x, y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+    """Seconds per training step on the batch (x, y), after warmup untimed steps; on CUDA the peak-memory
+    counter is reset after the warm-up. Returns (seconds per step, warm-up seconds)."""
     t0 = time.time()
     for _ in range(warmup):
-        step()
-    sync(rt.device_type)
+        train_step(model, optimizer, rt, x, y)
+    synchronize(rt.device_type)
     warm_s = time.time() - t0
     if rt.device_type == 'cuda':
         torch.cuda.reset_peak_memory_stats()
     t0 = time.time()
     for _ in range(steps):
-        step()
-    sync(rt.device_type)
+        train_step(model, optimizer, rt, x, y)
+    synchronize(rt.device_type)
     return (time.time() - t0) / steps, warm_s
 
 
@@ -211,12 +211,7 @@ def suite(json_path):
     # must build no new graph
     model, opt, x, y = compiled_model
     K = model.config.n_loop
-
-    def train_step():
-        with rt.autocast:
-            model(x, y)[1].backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    one_step = lambda: train_step(model, opt, rt, x, y)
 
     @torch.no_grad()
     def evaluate():
@@ -224,10 +219,10 @@ def suite(json_path):
         with rt.autocast:
             model(x, y, n_loop=2 * K)
         model.train()
-    for f in (train_step, evaluate, train_step):
+    for f in (one_step, evaluate, one_step):
         f()
     before = unique_graphs()
-    for f in (train_step, train_step, evaluate, train_step, evaluate):
+    for f in (one_step, one_step, evaluate, one_step, evaluate):
         f()
     add('recompiles after warm-up', f"{name} per_loop compiled: 3 training steps + 2 evaluations at 2K={2 * K}",
         f"{unique_graphs() - before} (warm-up built {before})", '0')
@@ -240,33 +235,27 @@ def suite(json_path):
         losses[compile] = []
         for _ in range(20):
             x, y = (torch.randint(V, (B, shape['block_size']), generator=g).to(rt.device) for _ in range(2))
-            with rt.autocast:
-                _, loss, _ = model(x, y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            losses[compile].append(loss.item())
+            losses[compile].append(train_step(model, opt, rt, x, y).item())
     diff = max(abs(a - b) for a, b in zip(losses[False], losses[True]))
     add('compiled vs eager loss', f"{name} per_loop, 20 steps", f"largest difference {diff:.2e} (final loss {losses[True][-1]:.3f})",
         '<= 1e-2')
 
     # 5. the blind spot on this device: rmsnorm and raw readouts trained side by side on tiny Shakespeare
-    pair = ['--config=gpu_char', '--max_iters=300', '--eval_interval=300'] if gpu else \
-        ['--config=laptop', '--n_layer=1', '--n_embd=32', '--n_head=2', '--block_size=32', '--batch_size=8',
-         '--max_iters=30', '--eval_interval=30', '--eval_iters=2']
-    steps_pair = pair[1 if gpu else 6].split('=')[1]
+    config, pair_steps = ('gpu_char', 300) if gpu else ('laptop', 30)
+    pair = [f'--config={config}', f'--max_iters={pair_steps}', f'--eval_interval={pair_steps}', '--log_interval=1000']
+    if not gpu:  # a tiny model of the laptop configuration
+        pair += ['--n_layer=1', '--n_embd=32', '--n_head=2', '--block_size=32', '--batch_size=8', '--eval_iters=2']
     try:
         found = {}
         with tempfile.TemporaryDirectory() as tmp:
             for readout in ('rmsnorm', 'raw'):
                 out = os.path.join(tmp, readout)
-                quiet = open(os.devnull, 'w')
-                with contextlib.redirect_stdout(quiet):
-                    train.main([*pair, f'--readout={readout}', f'--out_dir={out}', '--log_interval=1000'])
+                with open(os.devnull, 'w') as quiet, contextlib.redirect_stdout(quiet):
+                    train.main([*pair, f'--readout={readout}', f'--out_dir={out}'])
                 with open(os.path.join(out, 'log.jsonl')) as f:
                     last = [json.loads(line) for line in f][-1]
                 found[readout] = (last['hidden_norm'][3], last['val_loss'][3])  # loop K = 4 in both configurations
-        add('blind spot', f"{pair[0][9:]}{'' if gpu else ' (tiny)'}, {steps_pair} steps: final ‖h_K‖ rmsnorm / raw",
+        add('blind spot', f"{config}{'' if gpu else ' (tiny)'}, {pair_steps} steps: final ‖h_K‖ rmsnorm / raw",
             f"{found['rmsnorm'][0]:,.1f} / {found['raw'][0]:,.1f} (val loss {found['rmsnorm'][1]:.3f} / {found['raw'][1]:.3f})",
             'rmsnorm >> raw')
     except (SystemExit, ValueError) as e:  # no dataset here and no network to fetch it

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from data import find_dataset
-from looped import EXITS, LoopedGPT, resolve_device
+from looped import EXITS, LoopedGPT, resolve_device, synchronize
 
 SCALES = (0.1, 0.5, 1.0, 2.0, 10.0)
 CLAMPS = ('none', 'freeze', 'remove_radial')  # see clamp(): ways to take the radial part out of each loop
@@ -179,10 +179,6 @@ def split_halves(x, y):
     return (x[:n], y[:n]), (x[n:], y[n:])
 
 
-def _sync(device):
-    {'cuda': torch.cuda.synchronize, 'mps': torch.mps.synchronize}.get(device.type, lambda: None)()
-
-
 @torch.no_grad()
 def timed_exit_run(model, x, y, K, score=None, threshold=math.inf, batch_size=32, repeats=1):
     """Early exit as it would be served, timed: batches of sequences in which a sequence leaves the batch at the
@@ -201,27 +197,27 @@ def timed_exit_run(model, x, y, K, score=None, threshold=math.inf, batch_size=32
 def _exit_run(model, x, y, K, score, threshold, batch_size, device):
     """One pass of timed_exit_run: (summed cross-entropy, summed exit loops, seconds)."""
     total_ce, total_loops = 0.0, 0
-    _sync(device)
+    synchronize(device.type)
     t0 = time.perf_counter()
     for i in range(0, len(x), batch_size):
         xb, yb = x[i:i + batch_size].to(device), y[i:i + batch_size].to(device)
-        targets = [yb]  # the targets of the sequences still in the batch
+        targets = yb  # the targets of the sequences still in the batch
 
         def leave(k, h_in, h):  # runs inside LoopedGPT.loops after pass k: the exiting rows leave h
-            nonlocal total_ce, total_loops
+            nonlocal total_ce, total_loops, targets
             if score is None and k < K:
                 return h
             logp = readout_logp(model, h, k)                              # (b, T, V)
             done = SCORES[score](logp).mean(-1) >= threshold if score is not None and k < K \
                 else torch.ones(len(h), dtype=torch.bool, device=h.device)
-            total_ce += -logp[done].gather(-1, targets[0][done].unsqueeze(-1)).sum().item()
+            total_ce += -logp[done].gather(-1, targets[done].unsqueeze(-1)).sum().item()
             total_loops += k * int(done.sum())
-            targets[0] = targets[0][~done]
+            targets = targets[~done]
             return h[~done]
         for k, h in model.loops(model.embed(xb), K, intervene=leave):
             if len(h) == 0:
                 break
-    _sync(device)
+    synchronize(device.type)
     return total_ce, total_loops, time.perf_counter() - t0
 
 

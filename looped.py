@@ -453,6 +453,11 @@ class Runtime:
         return f"device: {self.device} | dtype: {self.dtype} | compile: {self.compile}"
 
 
+def synchronize(device_type):
+    """Wait for the device's queued work (a no-op on a CPU), so that a timer measures the work itself."""
+    {'cuda': torch.cuda.synchronize, 'mps': torch.mps.synchronize}.get(device_type, lambda: None)()
+
+
 def resolve_device(device='auto', dtype='auto', compile='auto'):
     """The one place where device, dtype and compile are decided (every script calls it). 'auto' means: CUDA,
     else MPS, else CPU; bf16 autocast on CUDA only; compile on CUDA only (on a CPU it costs about 30 s and
