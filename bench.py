@@ -13,9 +13,9 @@ memory rose above its resident memory before the first step (run one configurati
 
 --suite measures, on CUDA at the paper_44m shape (8 x 512, K=4, T=256, batch 64, V=20k; under 8 minutes on one
 H100/H200): tokens/s and MFU for per_loop and terminal supervision, eager and compiled, SDPA and manual
-attention; peak memory per_loop / terminal at V = 20k and 50k; recompiles during training plus evaluation at 2K
-after a warm-up; compiled against eager loss over 20 steps; and a 300-step gpu_char pair (rmsnorm, raw) on tiny
-Shakespeare with its final ||h_K||, the blind spot on a GPU. On a CPU it runs the same suite at toy sizes in
+attention; peak memory per_loop / terminal at V = 20k and 50k, eager and compiled; recompiles during training
+plus evaluation at 2K after a warm-up; compiled against eager loss over 20 steps; and a 300-step gpu_char pair
+(rmsnorm, raw) on tiny Shakespeare with its final ||h_K||, the blind spot on a GPU. On a CPU it runs the same suite at toy sizes in
 under a minute and marks the rows it did not measure. It prints a markdown table and writes it as JSON (--json).
 """
 
@@ -110,9 +110,8 @@ def main(argv=None):
     torch.manual_seed(args.seed)
     model = LoopedGPT(config).to(device)
     optimizer = model.configure_optimizers(args.weight_decay, args.learning_rate, rt.device_type)
-    if rt.compile:  # regional, as in train.py
-        for block in model.blocks:
-            block.compile()
+    if rt.compile:
+        model.compile_regions()
     B, T = args.batch_size, config.block_size
     x = torch.randint(mine.vocab_size, (B, T), device=device)
     y = torch.randint(mine.vocab_size, (B, T), device=device)
@@ -140,9 +139,8 @@ def build(rt, vocab_size, batch, compile=False, seed=0, **fields):
     torch.manual_seed(seed)
     model = LoopedGPT(config).to(rt.device)
     optimizer = model.configure_optimizers(0.01, 3e-4, rt.device_type)
-    if compile:  # regional, as in train.py
-        for block in model.blocks:
-            block.compile()
+    if compile:
+        model.compile_regions()
     g = torch.Generator().manual_seed(seed)
     x, y = (torch.randint(vocab_size, (batch, config.block_size), generator=g).to(rt.device) for _ in range(2))
     return model, optimizer, x, y
@@ -172,7 +170,26 @@ def suite(json_path):
         rows.append({'measure': measure, 'config': config, 'result': result, 'goal': goal})
         print(f"  {measure} | {config} | {result}", flush=True)
 
-    # 1. throughput and MFU
+    # 1. peak memory, per_loop against terminal, at two vocabularies, eager and compiled (measured first, while
+    # no other model holds GPU memory)
+    if gpu:
+        for vocab in (20000, 50257):
+            for compile in (False, True):
+                peaks = {}
+                for supervision in ('per_loop', 'terminal'):
+                    model, opt, x, y = build(rt, vocab, B, compile, supervision=supervision, **dims)
+                    time_steps(model, opt, rt, x, y, 2, 1)
+                    peaks[supervision] = torch.cuda.max_memory_allocated() / 2**20
+                    del model, opt
+                    torch.cuda.empty_cache()
+                add('peak memory', f"{name} V={vocab:,}, {'compiled' if compile else 'eager'}: per_loop / terminal",
+                    f"{peaks['per_loop']:,.0f} / {peaks['terminal']:,.0f} MiB = {peaks['per_loop'] / peaks['terminal']:.2f}x",
+                    '<= 1.25x')
+    else:
+        skipped.append('peak memory per_loop / terminal at V = 20k and 50k (GPU allocator only; on a CPU: '
+                       'python bench.py --vocab_size=50257 ... once per supervision)')
+
+    # 2. throughput and MFU
     compiled_model = None
     for supervision in ('per_loop', 'terminal'):
         for compile in (False, True):
@@ -189,23 +206,6 @@ def suite(json_path):
                     f" ({dt * 1000:.1f} ms/step, warm-up {warm:.1f} s)", goal)
                 if compile and supervision == 'per_loop' and attention == 'sdpa':
                     compiled_model = (model, opt, x, y)
-
-    # 2. peak memory, per_loop against terminal, at two vocabularies (eager: the readouts' memory, not the compiler's)
-    if gpu:
-        for vocab in (20000, 50257):
-            peaks = {}
-            for supervision in ('per_loop', 'terminal'):
-                model, opt, x, y = build(rt, vocab, B, supervision=supervision, **dims)
-                time_steps(model, opt, rt, x, y, 2, 1)
-                peaks[supervision] = torch.cuda.max_memory_allocated() / 2**20
-                del model, opt
-                torch.cuda.empty_cache()
-            add('peak memory', f"{name} V={vocab:,}: per_loop / terminal",
-                f"{peaks['per_loop']:,.0f} / {peaks['terminal']:,.0f} MiB = {peaks['per_loop'] / peaks['terminal']:.2f}x",
-                '<= 1.25x')
-    else:
-        skipped.append('peak memory per_loop / terminal at V = 20k and 50k (GPU allocator only; on a CPU: '
-                       'python bench.py --vocab_size=50257 ... once per supervision)')
 
     # 3. recompiles: after a warm-up (a training step, an evaluation at 2K loops, a training step), more of the same
     # must build no new graph

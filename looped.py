@@ -305,10 +305,17 @@ class LoopedGPT(nn.Module):
         """Loop k's prediction from h_k: (..., C) -> (..., V)."""
         return self.lm_head(self.readout(h, k))
 
+    def head_loss(self, x, targets):
+        """The LM head and its cross-entropy on x = readout(h_k) (B, T, C) against targets (B, T): (logits
+        (B, T, V), scalar loss). The loss is taken in float32. Eagerly that writes a float32 copy of all B*T*V
+        logits (and the log-softmax and both their gradients); compile_regions() compiles this function so
+        that the upcast, log-softmax and loss fuse into kernels that read the bf16 logits instead."""
+        logits = self.lm_head(x)                                      # (B, T, V)
+        return logits, F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1)
+
     def readout_loss(self, h, targets, k):
         """Cross-entropy of loop k's readout of h (B, T, C) against targets (B, T); a scalar."""
-        logits = self.readout_logits(h, k)                            # (B, T, V)
-        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1)
+        return self.head_loss(self.readout(h, k), targets)[1]
 
     def supervision_loss(self, ces):
         """The training loss from the per-loop cross-entropies ces[k-1], k = 1..K (scalars): their mean under
@@ -345,8 +352,7 @@ class LoopedGPT(nn.Module):
             # keep no activations for the backward pass.
             supervised = self.config.supervision == 'per_loop' or k == K
             if k == K:  # always supervised; its logits are also returned
-                logits = self.readout_logits(h, k)                    # (B, T, V)
-                ce = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1)
+                logits, ce = self.head_loss(self.readout(h, k), targets)  # logits: (B, T, V)
             elif supervised and torch.is_grad_enabled():
                 # Per-loop readouts before the last are checkpointed: backward recomputes their (B, T, V) logits
                 # instead of keeping K copies alive, so per-loop supervision costs about the memory of terminal.
@@ -363,6 +369,15 @@ class LoopedGPT(nn.Module):
         if self.config.norm_penalty > 0:
             loss = loss + self.norm_penalty(states)
         return logits, loss, stats
+
+    def compile_regions(self):
+        """Regional torch.compile, the one place that says what is compiled: each block of the shared stack (one
+        graph serves every block and every loop count, since the loop itself stays Python) and head_loss (so
+        float32 logits are never written). Checkpoints keep the plain weights: nothing is renamed."""
+        for block in self.blocks:
+            block.compile()
+        self.head_loss = torch.compile(self.head_loss)  # an instance attribute that shadows the method
+        return self
 
     def flops_per_token(self, n_loop=None):
         """Training FLOPs per token (forward + backward = 6 per parameter per token, as in the PaLM paper):

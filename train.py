@@ -459,9 +459,7 @@ def main(argv=None):
         say(f"resuming {args.out_dir} at step {step} (model config from the checkpoint)")
     raw_model = model  # checkpoints and evaluation use the plain module, never the compiled or DDP wrapper
     if rt.compile:
-        # regional compilation: compile the block, not the unrolled loop, so any loop count reuses one graph
-        for block in model.blocks:
-            block.compile()
+        model.compile_regions()  # the blocks and the head's loss, not the unrolled loop: any loop count reuses them
     if world > 1:  # gradients are averaged across processes in backward
         model = DDP(model, device_ids=[torch.device(device)] if rt.device_type == 'cuda' else None)
 

@@ -2,7 +2,12 @@
 checkpointed inside autocast and compile, resume and generation with a compiled model, fused AdamW. (CUDA itself,
 TF32 and pinned memory are measured by python bench.py --suite on a GPU.)"""
 
+import copy
+import math
+import re
+
 import torch
+from torch._inductor.utils import run_and_get_code
 
 from looped import LoopedConfig, LoopedGPT
 from test_train import read_log, run_train
@@ -30,10 +35,37 @@ def test_bf16_compiled_training_tracks_fp32_eager_and_resumes(small_data, tmp_pa
     model, _ = LoopedGPT.from_checkpoint(str(tmp_path / 'bf16'))
     start = torch.zeros(1, 3, dtype=torch.long)
     eager, _ = model.generate(start, 6, top_k=1, n_loop=4)
-    for block in model.blocks:
-        block.compile()
+    model.compile_regions()
     compiled, loops = model.generate(start, 6, top_k=1, n_loop=4)
     assert torch.equal(eager, compiled) and loops == [4] * 6
+
+
+def test_compiled_head_loss_never_writes_float32_logits():
+    """compile_regions() fuses the head's float32 cross-entropy: under bf16 autocast every (tokens x V) buffer that
+    the compiled forward and backward allocate is bf16, where eager writes float32 copies; loss and gradients match
+    the eager model's. (Read from the code Inductor generates, so a torch that stops fusing fails here.)"""
+    V, N = 1009, 2 * 16  # V prime and N tokens != n_embd, so only a logits-sized buffer has N * V elements
+    cfg = LoopedConfig(vocab_size=V, block_size=16, n_embd=24, n_head=2, n_layer=1, n_loop=2, dropout=0.0)
+    torch.manual_seed(0)
+    eager = LoopedGPT(cfg)
+    compiled = copy.deepcopy(eager).compile_regions()
+    x = torch.randint(V, (2, 16))
+
+    def step(model):
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            loss = model(x, x)[1]
+        loss.backward()
+        return loss.item()
+
+    loss_e = step(eager)
+    loss_c, codes = run_and_get_code(step, compiled)
+    assert abs(loss_c - loss_e) <= BF16_RTOL * loss_e
+    grads = [torch.cat([p.grad.flatten() for p in m.parameters()]) for m in (eager, compiled)]
+    assert (grads[1] - grads[0]).norm() <= BF16_RTOL * grads[0].norm()  # bf16 rounds each element differently
+    buffers = re.findall(r'empty_strided_cpu\(\(([\d, ]+)\), \([\d, ]+\), torch\.(\w+)\)', '\n'.join(codes))
+    logits_sized = [dtype for shape, dtype in buffers if math.prod(int(d) for d in shape.split(',') if d.strip()) == N * V]
+    assert len(logits_sized) >= 2, buffers          # the forward's logits and the backward's gradient at least
+    assert set(logits_sized) == {'bfloat16'}, logits_sized
 
 
 def test_fused_adamw_on_cpu_matches_the_default():
