@@ -21,6 +21,7 @@ under a minute and marks the rows it did not measure. It prints a markdown table
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import resource
@@ -181,6 +182,7 @@ def suite(json_path):
                     time_steps(model, opt, rt, x, y, 2, 1)
                     peaks[supervision] = torch.cuda.max_memory_allocated() / 2**20
                     del model, opt
+                    gc.collect()  # a compiled model refers to itself (compile_regions), so only gc frees it
                     torch.cuda.empty_cache()
                 add('peak memory', f"{name} V={vocab:,}, {'compiled' if compile else 'eager'}: per_loop / terminal",
                     f"{peaks['per_loop']:,.0f} / {peaks['terminal']:,.0f} MiB = {peaks['per_loop'] / peaks['terminal']:.2f}x",
