@@ -157,6 +157,9 @@ def suite(json_path):
     """Run every measurement (see the module docstring), print one markdown table, write it as JSON."""
     rt = resolve_device('auto', 'auto', 'auto')
     gpu = rt.device_type == 'cuda'
+    # The suite compiles several models in one process; past dynamo's recompile limit a compiled row would
+    # quietly run eager under its 'compiled' label. Fail instead.
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
     peak = train.peak_flops(rt.device)
     if gpu:  # the paper_44m shape
         shape, V, steps, name = dict(n_layer=8, n_embd=512, n_head=8, n_loop=4, block_size=256, batch=64), 20000, 10, 'paper_44m'
