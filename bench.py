@@ -172,7 +172,7 @@ def suite(json_path):
 
     def add(measure, config, result, goal=''):
         rows.append({'measure': measure, 'config': config, 'result': result, 'goal': goal})
-        print(f"  {measure} | {config} | {result}", flush=True)
+        print(f"  [{time.time() - t_start:4.0f} s] {measure} | {config} | {result}", flush=True)  # where the time goes
 
     # 1. peak memory, per_loop against terminal, at two vocabularies, eager and compiled (measured first, while
     # no other model holds GPU memory)
@@ -254,6 +254,8 @@ def suite(json_path):
         found = {}
         with tempfile.TemporaryDirectory() as tmp:
             for readout in ('rmsnorm', 'raw'):
+                print(f"  [{time.time() - t_start:4.0f} s] training the blind-spot pair: {readout}, {pair_steps} steps",
+                      flush=True)
                 out = os.path.join(tmp, readout)
                 with open(os.devnull, 'w') as quiet, contextlib.redirect_stdout(quiet):
                     train.main([*pair, f'--readout={readout}', f'--out_dir={out}'])
