@@ -15,8 +15,9 @@ memory rose above its resident memory before the first step (run one configurati
 H100/H200): tokens/s and MFU for per_loop and terminal supervision, eager and compiled, SDPA and manual
 attention; peak memory per_loop / terminal at V = 20k and 50k, eager and compiled; recompiles during training
 plus evaluation at 2K after a warm-up; compiled against eager loss over 20 steps; and a 300-step gpu_char pair
-(rmsnorm, raw) on tiny Shakespeare with its final ||h_K||, the blind spot on a GPU. On a CPU it runs the same suite at toy sizes in
-under a minute and marks the rows it did not measure. It prints a markdown table and writes it as JSON (--json).
+(rmsnorm, raw) on tiny Shakespeare with its final ||h_K||, the blind spot on a GPU. On a CPU it runs the same
+suite at toy sizes in under a minute and marks the rows it did not measure. It prints a markdown table and
+writes it as JSON (--json).
 """
 
 import argparse

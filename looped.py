@@ -461,7 +461,7 @@ class Runtime:
     device: str          # 'cpu', 'cuda', 'cuda:1', 'mps'
     device_type: str     # 'cpu', 'cuda' or 'mps': what torch.autocast and the optimizer want
     dtype: str           # 'float32' or 'bfloat16' (the autocast dtype; weights stay fp32)
-    compile: bool        # torch.compile each block (regional compilation)
+    compile: bool        # regional torch.compile (LoopedGPT.compile_regions)
     autocast: object     # a context manager: bf16 autocast, or nothing
 
     def describe(self):
