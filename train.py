@@ -502,14 +502,6 @@ def main(argv=None):
             sys.exit(f"train.py: error: cannot write to {args.out_dir} ({e.strerror}); nothing was trained")
         except RunError as e:
             sys.exit(f"train.py: error: {e}")
-    if ckpt is not None and ckpt['step'] >= args.max_iters:  # nothing to train; the log was checked above
-        say(f"{args.out_dir} is finished at step {ckpt['step']}; pass a larger --max_iters to continue it")
-        if lock is not None:
-            lock.close()
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        return
-
     # Ctrl-C or SIGTERM: finish the current step, save, exit. The handler only records the signal; the loop reads
     # the record, and under torchrun every process learns of it through the same all-reduce, so all of them stop
     # at the same step. A second Ctrl-C aborts a single process at once; under torchrun it does not, because
@@ -525,6 +517,9 @@ def main(argv=None):
     previous_handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
 
     try:
+        if ckpt is not None and ckpt['step'] >= args.max_iters:  # nothing to train; the log was checked above
+            say(f"{args.out_dir} is finished at step {ckpt['step']}; pass a larger --max_iters to continue it")
+            return  # through the finally below, which frees the folder and the process group
         t_start, step_start = time.time(), step
         t_last, train_ces = time.time(), []
         last_record = ckpt.get('record') if ckpt is not None else None
