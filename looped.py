@@ -115,7 +115,8 @@ class CausalSelfAttention(nn.Module):
         self.attention = config.attention
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=False)  # q, k, v in one matmul
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
-        self.resid_drop = nn.Dropout(config.dropout)
+        # dropout acts on the attention probabilities only, not on this projection's output: the authors' layer
+        # has three dropout sites in all (embedding, attention probabilities, MLP output), and so does this one
         # the causal mask is only needed by the manual path; SDPA builds it from is_causal=True
         T = config.block_size
         self.register_buffer('mask', torch.tril(torch.ones(T, T, dtype=torch.bool)), persistent=False)
@@ -135,7 +136,7 @@ class CausalSelfAttention(nn.Module):
             att = F.dropout(F.softmax(att, dim=-1), p=p)
             y = att @ v                                               # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)              # (B, T, C): heads side by side again
-        return self.resid_drop(self.c_proj(y))
+        return self.c_proj(y)
 
 
 class MLP(nn.Module):

@@ -12,17 +12,30 @@ from test_train import TINY
 
 
 def torchrun(data, out, *flags):
-    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'train.py',
+    """train.py under torchrun with 2 CPU processes (through tests/ddp_worker.py, which then saves each process's
+    final weights to out/weights/rank<R>.pt)."""
+    weights = os.path.join(out, 'weights')
+    os.makedirs(weights, exist_ok=True)
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'tests/ddp_worker.py',
            '--dataset', data, '--out_dir', str(out), '--device=cpu', *TINY, '--grad_accum=2', '--eval_interval=2', *flags]
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, 'WEIGHTS_DIR': weights})
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     return r.stdout
+
+
+def assert_same_weights(out):
+    """Every parameter and buffer tensor of process 1 equals process 0's, bit for bit."""
+    ranks = [torch.load(os.path.join(out, 'weights', f'rank{r}.pt'), weights_only=True) for r in (0, 1)]
+    assert ranks[0].keys() == ranks[1].keys() and len(ranks[0]) > 5
+    differ = [name for name in ranks[0] if not torch.equal(ranks[0][name], ranks[1][name])]
+    assert not differ, differ
 
 
 def test_two_processes_stay_in_sync_and_resume(small_data, tmp_path):
     out = torchrun(small_data, tmp_path, '--max_iters=4')
     assert 'data parallel: 2 processes (gloo)' in out
     assert 'weights identical on all 2 processes: True' in out
+    assert_same_weights(tmp_path)
     assert out.count('eval 4:') == 1  # only rank 0 prints (and logs, and saves)
     with open(tmp_path / 'log.jsonl') as f:
         log = [json.loads(line) for line in f]
@@ -30,16 +43,17 @@ def test_two_processes_stay_in_sync_and_resume(small_data, tmp_path):
     assert log[0]['config']['grad_accum'] == 2
     out = torchrun(small_data, tmp_path, '--max_iters=6', '--resume')
     assert 'resuming' in out and 'weights identical on all 2 processes: True' in out
+    assert_same_weights(tmp_path)
     assert torch.load(tmp_path / 'ckpt.pt', weights_only=False)['step'] == 6
     assert not os.path.exists(tmp_path / 'ckpt.pt.tmp')
 
 
 def test_torchrun_with_default_flags(tmp_path):
     """What a user types first: no --grad_accum, so each process takes one micro-step and the global batch is
-    batch_size x processes (here on the default dataset, which .ci/run has prepared)."""
-    if not os.path.exists(os.path.join(ROOT, 'data', 'shakespeare_char', 'train.bin')):
-        import pytest
-        pytest.skip('the default dataset is not prepared (python -m data.shakespeare_char.prepare)')
+    batch_size x processes, on the default dataset (prepared here from the shipped text if it is not yet, as a
+    user's first run would, so that the two processes do not both prepare it)."""
+    from data import find_dataset
+    find_dataset('shakespeare_char')
     cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'train.py',
            '--device=cpu', '--max_iters=4', '--eval_interval=2', f'--out_dir={tmp_path}']
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)

@@ -1,5 +1,7 @@
 """The model's math: readout scale invariance, radial gradients, recurrence variants, loss bookkeeping."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -290,13 +292,83 @@ def test_readout_module_final_norm_rule():
     assert r(h, 8).pow(2).mean(-1).allclose(torch.ones(3), atol=1e-3)
 
 
-def test_checkpointed_readouts_give_the_same_gradients():
-    """forward() checkpoints the per-loop readouts before the last; the gradients must be the plain ones."""
+@pytest.mark.parametrize('readout', ['rmsnorm', 'final_norm', 'alpha'])
+def test_checkpointed_readouts_give_the_same_gradients(readout):
+    """forward() checkpoints the per-loop readouts before the last; the gradients must be the plain ones (with
+    readouts that depend on the loop index too, so that a wrong k in the recomputation shows)."""
     x, y = batch()
-    model = tiny()
+    model = tiny(readout=readout)
     model(x, y)[1].backward()
     checkpointed = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
     ces = [model.readout_loss(h, y, k) for k, h in model.loops(model.embed(x), 3)]
     torch.stack(ces).mean().backward()
     assert all(torch.allclose(checkpointed[n], p.grad, atol=1e-6) for n, p in model.named_parameters())
+
+
+def test_per_loop_readouts_are_recomputed_in_backward_not_kept():
+    """The memory promise itself: loops 1..K-1 run their readout (and the LM head) once in forward and once more
+    in backward, where it is recomputed from h_k; loop K's logits are kept."""
+    model, (x, y) = tiny(), batch()
+    calls = []
+    model.lm_head.register_forward_hook(lambda *a: calls.append(torch.is_grad_enabled()))
+    loss = model(x, y)[1]
+    forward_calls = len(calls)
+    loss.backward()
+    K = model.config.n_loop
+    assert forward_calls == K and len(calls) - forward_calls == K - 1, (forward_calls, len(calls))
+
+
+def test_rmsnorm_keeps_its_epsilon_inside_the_root():
+    """x / sqrt(mean(x^2) + eps): a zero vector stays zero (finite), and a tiny one is damped by eps."""
+    from looped import RMSNorm
+    norm = RMSNorm(4, eps=1e-6)
+    assert torch.equal(norm(torch.zeros(2, 4)), torch.zeros(2, 4))
+    tiny_x = torch.full((1, 4), 1e-4)
+    assert norm(tiny_x)[0, 0].item() == pytest.approx(1e-4 / math.sqrt(1e-8 + 1e-6), rel=1e-5)  # 0.0995, not 1
+    x64 = torch.randn(3, 4, dtype=torch.float64)
+    assert norm.double()(x64).dtype == torch.float64
+
+
+def test_kl_exit_rule_measures_kl_of_this_loop_from_the_previous():
+    """KL(p_k || p_(k-1)), not the reverse: p = (0.9, 0.1), q = (0.5, 0.5) give KL(p||q) = 0.368 and
+    KL(q||p) = 0.511, so a threshold of 0.44 separates the two directions."""
+    p, q = torch.tensor([[0.9, 0.1]]).log(), torch.tensor([[0.5, 0.5]]).log()
+    assert exit_passes('kl', 0.44, p, q).tolist() == [True]    # this loop p, previous loop q: 0.368 <= 0.44
+    assert exit_passes('kl', 0.44, q, p).tolist() == [False]   # the other way round: 0.511 > 0.44
+
+
+def test_generate_keeps_looping_until_every_row_may_exit():
+    """A batch exits at the first loop where ALL its rows pass the rule: one confident row must not stop an
+    unsure one. The threshold is put between the two rows' loop-1 confidences, so row 0 alone passes there."""
+    model, (x, _) = tiny().eval(), batch()
+    prompt = x[:, :6]
+    with torch.no_grad():
+        conf = [F.softmax(model.readout_logits(h[:, -1], k), -1).max(-1).values for k, h in model.loops(model.embed(prompt), 3)]
+    conf = torch.stack(conf, 1)                                       # (B, K): top probability per row and loop
+    order = conf[:, 0].argsort(descending=True)
+    prompt, conf = prompt[order], conf[order]                         # row 0 the more confident at loop 1
+    t = (conf[0, 0] + conf[1, 0]).item() / 2
+    passed = (conf >= t).all(0)                                       # loops where both rows pass
+    expected = int(passed.nonzero()[0]) + 1 if passed.any() else 3
+    assert expected > 1
+    _, loops = model.generate(prompt, max_new_tokens=1, exit_rule='confidence', exit_threshold=t)
+    assert loops == [expected]
+
+
+def test_dropout_acts_where_the_authors_put_it(monkeypatch):
+    """Three dropout sites, as in the authors' layer: the input embedding once, and in every layer of every loop
+    the attention probabilities and the MLP output; none on the attention output projection."""
+    model = tiny(dropout=0.5, attention='manual').train()
+    shapes = []
+    real = F.dropout
+    def counting(x, p=0.5, training=True, inplace=False):
+        shapes.append(tuple(x.shape))
+        return real(x, p, training, inplace)
+    monkeypatch.setattr(F, 'dropout', counting)
+    x, y = batch()
+    model(x, y)
+    K, L = model.config.n_loop, model.config.n_layer
+    assert shapes.count((2, 4, 16, 16)) == K * L                     # attention probabilities (B, nh, T, T)
+    assert shapes.count((2, 16, 32)) == 1 + K * L                    # the embedding, then each MLP output
+    assert len(shapes) == 1 + 2 * K * L

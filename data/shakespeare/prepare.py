@@ -1,8 +1,8 @@
 """
 Tiny Shakespeare with the GPT-2 BPE (tiktoken): train.bin / val.bin (uint16 token ids) and meta.pkl.
 
-    python -m data.shakespeare.prepare                               # downloads the text
-    python -m data.shakespeare.prepare --input=tinyshakespeare.txt   # offline, from a local copy
+    python -m data.shakespeare.prepare                        # from data/shakespeare_char/input.txt (ships)
+    python -m data.shakespeare.prepare --input=my_text.txt    # any UTF-8 text of your own instead
 
 tiktoken fetches its BPE files once; offline, point TIKTOKEN_CACHE_DIR at a folder that holds them. Expected for the classic file: 301,966 train / 36,059 val tokens.
 """
@@ -10,7 +10,7 @@ tiktoken fetches its BPE files once; offline, point TIKTOKEN_CACHE_DIR at a fold
 import os
 import sys
 
-from data import PrepareError, write_dataset
+from data.common import PrepareError, write_dataset
 # the text and its download live with the character-level dataset; reuse that script's loader
 from data.shakespeare_char.prepare import get_text
 from data.shakespeare_char.prepare import get_parser as char_parser

@@ -1,49 +1,58 @@
 """
 Character-level tiny Shakespeare: writes train.bin / val.bin (uint16 token ids) and meta.pkl (the vocabulary).
 
-    python -m data.shakespeare_char.prepare                               # downloads the text
-    python -m data.shakespeare_char.prepare --input=tinyshakespeare.txt   # offline, from a local copy
+    python -m data.shakespeare_char.prepare                        # from input.txt, which ships with the repository
+    python -m data.shakespeare_char.prepare --input=my_text.txt    # any UTF-8 text of your own instead
 
-Running it again rewrites the same files. Expected for the classic file: vocab 65, 1,003,854 train and
-111,540 val characters (a 90/10 split).
+The text (the classic 1,115,394-byte char-rnn file, public domain) is data/shakespeare_char/input.txt; it is
+checked (size and SHA-256) before use. Only when that copy has been deleted is it downloaded again, checked the
+same way. Running the script again rewrites the same files. Expected for the classic file: vocab 65, 1,003,854
+train and 111,540 val characters (a 90/10 split).
 """
 
 import argparse
+import hashlib
 import os
 import sys
-import urllib.request
 
-from data import PrepareError, read_text, write_dataset
+from data.common import PrepareError, download, read_text, write_dataset
 
-URL = 'https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt'
-EXPECTED_BYTES = 1_115_394
 HERE = os.path.dirname(os.path.abspath(__file__))
+TEXT = os.path.join(HERE, 'input.txt')
+URLS = ['https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt']
+EXPECTED_BYTES = 1_115_394
+EXPECTED_SHA256 = '86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed'
+
+
+def check_classic(path):
+    """PrepareError unless path holds exactly the classic text (its size, then its SHA-256)."""
+    size = os.path.getsize(path)
+    if size != EXPECTED_BYTES:
+        raise PrepareError(f"{path} has {size:,} bytes, the classic text {EXPECTED_BYTES:,}")
+    with open(path, 'rb') as f:
+        if hashlib.sha256(f.read()).hexdigest() != EXPECTED_SHA256:
+            raise PrepareError(f"{path} has the classic size but not its SHA-256 (edited or damaged)")
 
 
 def get_text(input_path=None):
-    """The corpus as a string: from input_path, else from an earlier download, else from the network."""
-    cache_path = os.path.join(HERE, 'input.txt')
+    """The corpus as a string: input_path if given (any text), else the shipped input.txt after its check; that
+    copy is downloaded again only if it has been deleted."""
     if input_path is not None:
         if not os.path.isfile(input_path):
             raise PrepareError(f"input file {input_path} does not exist")
         return read_text(input_path)
-    if not os.path.exists(cache_path):
-        print(f"downloading {URL}")
-        tmp = cache_path + '.tmp'
+    if not os.path.exists(TEXT):
+        print(f"{TEXT} is missing (it ships with the repository; git checkout restores it); downloading it")
         try:
-            with urllib.request.urlopen(URL, timeout=15) as r:
-                if r.status != 200:
-                    raise PrepareError(f"download failed with HTTP status {r.status}")
-                data = r.read()
-        except OSError as e:  # URLError, timeouts and refused connections are all OSErrors
-            raise PrepareError(f"could not download {URL} ({getattr(e, 'reason', e)}); pass a local copy "
-                               f"instead: python -m data.shakespeare_char.prepare --input=PATH") from None
-        if len(data) != EXPECTED_BYTES:
-            raise PrepareError(f"downloaded {len(data):,} bytes, expected {EXPECTED_BYTES:,}; not keeping it")
-        with open(tmp, 'wb') as f:  # write then rename: an interrupted download never looks complete
-            f.write(data)
-        os.replace(tmp, cache_path)
-    return read_text(cache_path)
+            download(URLS, TEXT, check_classic, timeout=15)
+        except PrepareError as e:
+            raise PrepareError(f"{e}; restore it with: git checkout {os.path.relpath(TEXT)}, or pass a copy with "
+                               "--input=PATH") from None
+    try:
+        check_classic(TEXT)
+    except PrepareError as e:
+        raise PrepareError(f"{e}; restore it with: git checkout {os.path.relpath(TEXT)}") from None
+    return read_text(TEXT)
 
 
 def prepare(text, out_dir):
@@ -63,7 +72,7 @@ def prepare(text, out_dir):
 def get_parser(doc=__doc__, default_out_dir=HERE):
     """The flags both Shakespeare prepare scripts take."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--input', default=None, help='local copy of the text (default: download it)')
+    parser.add_argument('--input', default=None, help='a text of your own (default: the shipped input.txt)')
     parser.add_argument('--out_dir', default=default_out_dir, help='where train.bin, val.bin and meta.pkl go')
     return parser
 
@@ -76,10 +85,11 @@ def main(argv=None):
     except PrepareError as e:
         sys.exit(f"prepare.py: error: {e}")
     print(f"{len(text):,} characters, vocab {vocab}: {n_train:,} train / {n_val:,} val -> {args.out_dir}")
-    if len(text) == EXPECTED_BYTES:
-        print("matches the classic file: expected vocab 65, 1,003,854 train / 111,540 val")
-    else:
-        print(f"note: not the classic {EXPECTED_BYTES:,}-character file, so the counts differ from the README's")
+    try:
+        check_classic(args.input or TEXT)
+        print("the classic file (size and SHA-256 checked): expected vocab 65, 1,003,854 train / 111,540 val")
+    except PrepareError:
+        print(f"note: {args.input} is not the classic file, so the counts differ from the README's")
 
 
 if __name__ == '__main__':
