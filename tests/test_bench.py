@@ -5,7 +5,6 @@ import json
 import re
 import subprocess
 import sys
-import time
 
 from conftest import ROOT
 
@@ -30,19 +29,19 @@ def test_per_loop_peak_memory_within_25_percent_of_terminal():
 
 
 def test_suite_on_a_cpu_prints_the_table_and_writes_json(tmp_path):
-    t0 = time.time()
     r = subprocess.run([sys.executable, 'bench.py', '--suite', f'--json={tmp_path / "suite.json"}'], cwd=ROOT,
                        capture_output=True, text=True, timeout=300)
-    took = time.time() - t0
     assert r.returncode == 0, r.stderr[-2000:]
     assert '| measure | configuration | result | goal |' in r.stdout and 'not measured here:' in r.stdout
     with open(tmp_path / 'suite.json') as f:
         suite = json.load(f)
     got = {row['measure']: row['result'] for row in suite['rows']}
     assert got['recompiles after warm-up'].startswith('0 ')  # no new graph for evaluation at 2K after warm-up
-    assert float(got['compiled vs eager loss'].split()[2]) <= 1e-2
-    if 'blind spot' in got:  # needs the default dataset (.ci/run prepares it)
-        rms, raw = (float(v.replace(',', '')) for v in got['blind spot'].split(' (')[0].split(' / '))
-        assert rms > 5 * raw
+    compared = got['compiled vs eager loss']
+    assert float(compared.split()[2]) <= 1e-2
+    assert '3 of 3 regions compiled' in compared, compared  # the compiled side really is compiled (2 blocks + head)
+    # the default dataset ships with the repository, so the blind-spot pair is always measured
+    assert 'blind spot' in got, suite['not_measured']
+    rms, raw = (float(v.replace(',', '')) for v in got['blind spot'].split(' (')[0].split(' / '))
+    assert rms > 5 * raw
     assert any('peak memory' in s for s in suite['not_measured'])
-    assert took < 60, f"bench.py --suite took {took:.0f} s on this CPU"

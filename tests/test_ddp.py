@@ -44,7 +44,7 @@ def test_two_processes_stay_in_sync_and_resume(small_data, tmp_path):
     out = torchrun(small_data, tmp_path, '--max_iters=6', '--resume')
     assert 'resuming' in out and 'weights identical on all 2 processes: True' in out
     assert_same_weights(tmp_path)
-    assert torch.load(tmp_path / 'ckpt.pt', weights_only=False)['step'] == 6
+    assert torch.load(tmp_path / 'ckpt.pt', weights_only=True)['step'] == 6
     assert not os.path.exists(tmp_path / 'ckpt.pt.tmp')
 
 

@@ -49,6 +49,18 @@ def test_exit_calibration_bounds():
         assert d.mean() == pytest.approx(depth) and math.exp(ce[np.arange(len(d)), d - 1].mean()) == pytest.approx(ppl)
 
 
+def test_exit_calibration_considers_loop_1_thresholds():
+    """The only good threshold is a loop-1 confidence: token 0 is sure at loop 1 (0.95) and right there; token 1
+    is almost as sure at loop 1 (0.92) but wrong there. Only t in (0.92, 0.95] (the candidates are quantiles,
+    so interpolated between the loop-1 values) lets token 0 alone exit at loop 1
+    (mean loops (1 + 3) / 2 = 2), and no later loop's confidence lies in that range."""
+    ce = np.array([[1.0, 1.0, 1.0], [3.0, 1.0, 1.0]])
+    pmax = np.array([[0.95, 0.9, 0.9], [0.92, 0.5, 0.5]])
+    kl = np.zeros_like(pmax)
+    t, depth, ppl = diagnose.calibrate_exit('confidence', ce, pmax, kl, 3)
+    assert 0.92 < t <= 0.95 and depth == 2.0 and ppl == pytest.approx(math.e)
+
+
 def test_sequence_exit_calibration_on_a_known_case():
     """Four sequences, K = 3. Two are easy (score 0.9 at loop 1, and loop 1 is as good as loop 3), two are hard
     (score 0.2 at loop 1, where their loss is far worse): the calibrated threshold must let exactly the easy ones
@@ -102,6 +114,25 @@ def test_radial_gradient_fraction(readout):
         assert (closed < 1e-4).all()
     else:
         assert (own > 1e-2).all() and training[-1] == pytest.approx(own[-1], rel=1e-4) and np.isnan(closed).all()
+
+
+def test_radial_gradient_training_column_is_the_gradient_of_the_training_loss():
+    """Under per-loop supervision h_1 gets gradient from every later loop too: the 'training' column must be the
+    gradient of forward()'s own loss with respect to h_k (caught here through LoopedGPT.loops), which differs
+    from loop k's own cross-entropy gradient before the last loop."""
+    model, (x, y) = tiny(readout='raw', norm_penalty=0.01), data()
+    frac = diagnose.radial_gradient(model, x, y, 3)
+    states, real_loops = [], model.loops
+    def loops(h, n_loop, intervene=None):
+        for k, h_k in real_loops(h, n_loop, intervene):
+            h_k.retain_grad()
+            states.append(h_k)
+            yield k, h_k
+    model.loops = loops
+    model(x, y)[1].backward()
+    expected = [torch.nn.functional.cosine_similarity(s.grad, s.detach(), dim=-1).abs().mean().item() for s in states]
+    assert frac[:, 1] == pytest.approx(expected, rel=1e-4)
+    assert abs(frac[0, 1] - frac[0, 0]) > 1e-3  # so the own-loss column could not pass for it
 
 
 @pytest.mark.parametrize('eps', [1e-6, 0.5])

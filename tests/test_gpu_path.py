@@ -29,7 +29,7 @@ def test_bf16_compiled_training_tracks_fp32_eager_and_resumes(small_data, tmp_pa
     # resume the compiled bf16 run: the checkpoint holds the plain module's weights
     run_train(small_data, tmp_path / 'bf16', *common[:1], '--max_iters=8', '--eval_interval=2', '--dtype=bfloat16',
               '--compile=True', '--resume')
-    ckpt = torch.load(tmp_path / 'bf16' / 'ckpt.pt', weights_only=False)
+    ckpt = torch.load(tmp_path / 'bf16' / 'ckpt.pt', weights_only=True)
     assert ckpt['step'] == 8 and not any('_orig_mod' in k for k in ckpt['model'])
     # generation with compiled blocks gives the eager model's tokens (greedy, so no sampling noise)
     model, _ = LoopedGPT.from_checkpoint(str(tmp_path / 'bf16'))
@@ -68,18 +68,23 @@ def test_compiled_head_loss_never_writes_float32_logits():
     assert set(logits_sized) == {'bfloat16'}, logits_sized
 
 
-def test_fused_adamw_on_cpu_matches_the_default():
-    """torch has a fused AdamW on CPU; the model's parameter groups must work with it and give the same steps."""
+def test_fused_adamw_on_cpu_matches_the_default(monkeypatch):
+    """configure_optimizers asks for the fused AdamW where the device is CUDA. torch also has that kernel on a CPU,
+    so the CUDA branch runs here: the fused kernel must really run (counted) and give the default's steps."""
     cfg = LoopedConfig(vocab_size=11, block_size=8, n_embd=16, n_head=2, n_layer=1, n_loop=2)
     x = torch.randint(11, (4, 8))
+    calls, real = [], torch._fused_adamw_
+    monkeypatch.setattr(torch, '_fused_adamw_', lambda *a, **k: calls.append(1) or real(*a, **k))
     weights = []
-    for fused in (False, True):
+    for device_type in ('cpu', 'cuda'):  # 'cuda': the flag the GPU path gets; the tensors stay on the CPU
         torch.manual_seed(0)
         model = LoopedGPT(cfg)
-        opt = torch.optim.AdamW(model.configure_optimizers(0.01, 1e-2, 'cpu').param_groups, lr=1e-2, fused=fused)
+        opt = model.configure_optimizers(0.01, 1e-2, device_type)
+        assert opt.param_groups[0]['fused'] == (device_type == 'cuda')
         for _ in range(3):
             model(x, x)[1].backward()
             opt.step()
             opt.zero_grad()
         weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    assert len(calls) == 3, calls  # one fused call per step, and none for the default optimizer
     assert torch.allclose(weights[0], weights[1], atol=1e-6)

@@ -102,6 +102,8 @@ def test_normed_recurrence_starts_each_pass_at_the_gain():
             with torch.no_grad():
                 inputs, states = pass_inputs(model, x, a)
             assert torch.equal(inputs[0], model.embed(x))
+            with torch.no_grad():  # and pass 1 really runs on the embedding itself, not on a normalized copy
+                assert torch.allclose(states[0], a * model.loop_step(model.embed(x)), rtol=1e-5, atol=1e-6)
             for h_in, h_prev in zip(inputs[1:], states):
                 rms = h_in.pow(2).mean(-1).sqrt()
                 if recurrence == 'normed':

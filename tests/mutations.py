@@ -1,0 +1,202 @@
+"""
+Mutation check of the core: does the test suite fail when the code is wrong?
+
+    python tests/mutations.py              # every breakage below (a few minutes on 2 cores)
+    python tests/mutations.py --only=kl    # the breakages whose name contains 'kl'
+    python tests/mutations.py --list       # what would run
+
+Each breakage is one realistic one-line mistake (a student's, or a careless refactor's), written into a scratch
+copy of the repository; the tests that should notice it are run there with pytest, and the breakage is caught
+when they fail. The real files are never edited. A breakage whose line is not found exactly once stops the
+command (the list must follow the code), and so does a mutated file that no longer compiles (a syntax error
+would be "caught" for the wrong reason). It prints one table row per breakage and exits 1 if any survived.
+
+Why a hand-written list and not a mutation-testing tool (mutmut, cosmic-ray): those generate thousands of
+operator flips and run the whole suite for each; on 2 cores that is hours, and most of their mutants are not
+mistakes anyone makes. Each line here names the behaviour it breaks and the tests meant to guard it, which is
+also documentation of what the suite protects.
+"""
+
+import argparse
+import os
+import py_compile
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# (name, file, the line as it is, the line as broken, the tests that must fail)
+MUTATIONS = [
+    # ---- readouts
+    ('rmsnorm without eps', 'looped.py', 'torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)',
+     'torch.rsqrt(xf.pow(2).mean(-1, keepdim=True))', ['tests/test_model.py::test_rmsnorm_keeps_its_epsilon_inside_the_root']),
+    ('rmsnorm gain ignored', 'looped.py', 'keepdim=True) + self.eps) * self.weight)', 'keepdim=True) + self.eps))',
+     ['tests/test_model.py']),
+    ('rmsnorm readout becomes raw', 'looped.py', "elif self.kind in ('rmsnorm', 'final_norm'):",
+     "elif self.kind in ('final_norm',):", ['tests/test_model.py::test_readout_scale_invariance']),
+    ('final_norm normalizes at every loop', 'looped.py', "if self.kind == 'final_norm' and k < self.n_loop:",
+     "if self.kind == 'final_norm' and k < 1:", ['tests/test_model.py::test_readout_module_final_norm_rule']),
+    ('alpha exponent flipped', 'looped.py', 'torch.exp((1 - self.alpha()) * (self.log_s_ref - s.log()))',
+     'torch.exp(self.alpha() * (self.log_s_ref - s.log()))', ['tests/test_model.py']),
+    # ---- recurrence and the inter-loop norm
+    ('inter-loop norm never applied', 'looped.py', '                h = self.inter_norm(h)', '                h = h',
+     ['tests/test_model.py']),
+    ('norm before pass 1', 'looped.py', '            h = self.loop_step(h_in)',
+     '            h = self.loop_step(h_in if self.inter_norm is None else self.inter_norm(h_in))', ['tests/test_model.py']),
+    ('yield after the inter-loop norm', 'looped.py',
+     '            yield k, h\n            if self.inter_norm is not None:\n                h = self.inter_norm(h)',
+     '            if self.inter_norm is not None:\n                h = self.inter_norm(h)\n            yield k, h',
+     ['tests/test_model.py']),
+    ('shared stack applied once per loop, not its layers', 'looped.py', '        for block in self.blocks:\n            h = block(h)',
+     '        for block in self.blocks[:1]:\n            h = block(h)', ['tests/test_model.py']),
+    # ---- losses and the penalty
+    ('per-loop loss summed, not averaged', 'looped.py', '            return torch.stack(ces).mean()',
+     '            return torch.stack(ces).sum()', ['tests/test_model.py::test_per_loop_and_terminal_losses']),
+    ('terminal loss on the first loop', 'looped.py', '        return ces[-1]', '        return ces[0]',
+     ['tests/test_model.py::test_per_loop_and_terminal_losses']),
+    ('penalty as squared L2 norm, not mean square', 'looped.py', 'torch.stack([h.float().pow(2).mean() for h in states])',
+     'torch.stack([h.float().pow(2).sum(-1).mean() for h in states])', ['tests/test_model.py']),
+    ('penalty detached', 'looped.py', 'torch.stack([h.float().pow(2).mean() for h in states])',
+     'torch.stack([h.detach().float().pow(2).mean() for h in states])', ['tests/test_model.py']),
+    ('norm logged after the readout norm', 'looped.py', '            norms.append(h.detach().float().norm(dim=-1).mean())',
+     '            norms.append(self.readout(h, k).detach().float().norm(dim=-1).mean())', ['tests/test_model.py']),
+    # ---- memory: checkpointed readouts, compiled head loss
+    ('per-loop readouts not checkpointed', 'looped.py', 'ce = checkpoint(self.readout_loss, h, targets, k, use_reentrant=False)',
+     'ce = self.readout_loss(h, targets, k)', ['tests/test_model.py::test_per_loop_readouts_are_recomputed_in_backward_not_kept']),
+    ('checkpointed readout recomputed at the wrong loop', 'looped.py',
+     'ce = checkpoint(self.readout_loss, h, targets, k, use_reentrant=False)',
+     'ce = checkpoint(self.readout_loss, h, targets, K, use_reentrant=False)',
+     ['tests/test_model.py::test_checkpointed_readouts_give_the_same_gradients']),
+    ('head loss left uncompiled', 'looped.py', '        self.head_loss = torch.compile(self.head_loss)', '        pass',
+     ['tests/test_gpu_path.py::test_compiled_head_loss_never_writes_float32_logits']),
+    ('fused AdamW never used', 'looped.py', "fused=(device_type == 'cuda')", 'fused=False',
+     ['tests/test_gpu_path.py::test_fused_adamw_on_cpu_matches_the_default']),
+    ('dropout on the attention projection', 'looped.py', '        return self.c_proj(y)',
+     '        return F.dropout(self.c_proj(y), self.dropout, self.training)', ['tests/test_model.py']),
+    ('attention not causal', 'looped.py', 'dropout_p=p, is_causal=True)', 'dropout_p=p, is_causal=False)',
+     ['tests/test_model.py::test_sdpa_matches_manual_attention']),
+    # ---- early exit and its calibration
+    ('generate exits when any row may', 'looped.py', 'exit_passes(exit_rule, exit_threshold, logp, logp_prev).all()',
+     'exit_passes(exit_rule, exit_threshold, logp, logp_prev).any()', ['tests/test_model.py']),
+    ('KL exit rule reversed', 'looped.py', 'return (logp.exp() * (logp - logp_prev)).sum(dim=-1) <= threshold',
+     'return (logp_prev.exp() * (logp_prev - logp)).sum(dim=-1) <= threshold', ['tests/test_model.py']),
+    ('calibration skips loop-1 thresholds', 'diagnose.py', "signal = pmax[:, :K] if rule == 'confidence'",
+     "signal = pmax[:, 1:K] if rule == 'confidence'", ['tests/test_diagnose.py']),
+    ("radial gradient 'training' column from the loop's own loss", 'diagnose.py',
+     '    total = torch.autograd.grad(objective, states)', '    total = [g_h for g_h, _ in direct]', ['tests/test_diagnose.py']),
+    ('sample.py ignores --n_loop', 'sample.py', 'n_loop=n_loop, exit_rule=exit_rule', 'n_loop=None, exit_rule=exit_rule',
+     ['tests/test_train.py::test_sample_prints_text_at_other_loop_counts']),
+    # ---- training: resume, the lock, log repair, divergence
+    ('resume forgets the batch order', 'train.py', "    data.gen.set_state(ckpt['rng']['batches'].cpu())",
+     '    pass', ['tests/test_train.py::test_resume_continues_the_same_curve']),
+    ('no lock on out_dir', 'train.py', '            lock = lock_out_dir(args.out_dir)', '            lock = None',
+     ['tests/test_train.py::test_a_lock_held_by_a_live_process_refuses_the_run_and_names_its_pid']),
+    ('log repair keeps records past the checkpoint', 'train.py', "        if last < step <= ckpt['last_eval_step']:",
+     '        if last < step:', ['tests/test_faults.py::test_resume_drops_records_past_the_checkpoint']),
+    ('log repair does not restore a lost record', 'train.py',
+     "    restored = ckpt.get('record') is not None and last < ckpt['last_eval_step']", '    restored = False',
+     ['tests/test_faults.py::test_resume_repairs_a_cut_line_and_restores_a_lost_record']),
+    ('a folder mixing two runs is resumed', 'train.py', "    if head.get('run_id') != ckpt.get('run_id'):", '    if False:',
+     ['tests/test_faults.py::test_resume_refuses_a_folder_that_mixes_two_runs']),
+    ('NaN training loss not stopped', 'train.py', '            if not math.isfinite(lossf):', '            if False:',
+     ['tests/test_train.py::test_nan_loss_stops_and_keeps_last_checkpoint']),
+    ('evaluation stops at K instead of 2K', 'train.py', 'evaluate(raw_model, val_batches, 2 * K, ctx)',
+     'evaluate(raw_model, val_batches, K, ctx)', ['tests/test_train.py::test_smoke_run_writes_log_and_checkpoint']),
+    ('Ctrl-C exits without saving', 'train.py', '            if stop:\n                if master:',
+     '            if stop:\n                if False:', ['tests/test_train.py::test_ctrl_c_saves_and_resumes']),
+    # ---- bench --suite's own checks
+    ('bench compares eager with eager', 'bench.py', "model, opt, _, _ = build(rt, V, B, compile, supervision='per_loop', **dims)",
+     "model, opt, _, _ = build(rt, V, B, False, supervision='per_loop', **dims)",
+     ['tests/test_bench.py::test_suite_on_a_cpu_prints_the_table_and_writes_json']),
+    ('bench blind-spot pair silently not measured', 'bench.py',
+     "pair = [f'--config={config}', f'--max_iters={pair_steps}'", "pair = ['--dataset=nowhere', f'--config={config}', f'--max_iters={pair_steps}'",
+     ['tests/test_bench.py::test_suite_on_a_cpu_prints_the_table_and_writes_json']),
+    # ---- data preparation
+    ('token ids past the vocabulary accepted', 'data/common.py',
+     "if ids.size == 0 or ids.min() < 0 or ids.max() >= meta['vocab_size']:", 'if ids.size == 0:', ['tests/test_faults.py']),
+    ('download keeps an unverified file', 'data/common.py', '            verify(tmp)\n', '            pass\n',
+     ['tests/test_download.py']),
+    ('download sends no User-Agent', 'data/common.py', "headers={'User-Agent': USER_AGENT}", 'headers={}',
+     ['tests/test_download.py']),
+    ('shipped corpus not checksummed', 'data/shakespeare_char/prepare.py',
+     'if hashlib.sha256(f.read()).hexdigest() != EXPECTED_SHA256:', 'if False:', ['tests/test_download.py']),
+    ('char split 80/20 instead of 90/10', 'data/shakespeare_char/prepare.py', '    n = int(0.9 * len(text))',
+     '    n = int(0.8 * len(text))', ['tests/test_download.py', 'tests/test_train.py::test_prepare_char_on_a_local_file']),
+]
+
+
+def scratch_copy(dest):
+    """The working tree without git, outputs, caches or prepared data (the tests prepare their own)."""
+    shutil.copytree(ROOT, dest, ignore=shutil.ignore_patterns('.git', 'out', '__pycache__', '.pytest_cache', '*.bin',
+                                                              '*.pkl', '*.pt', '*.zip'))
+
+
+def run_one(copy, name, path, old, new, tests, timeout):
+    """Apply one breakage in the copy, run its tests, restore the file. Returns (caught, seconds, note)."""
+    target = os.path.join(copy, path)
+    with open(target) as f:
+        source = f.read()
+    if source.count(old) != 1:
+        sys.exit(f"mutations.py: error: {name!r}: the line to break occurs {source.count(old)} times in {path}, "
+                 f"not once; update the list to follow the code")
+    try:
+        with open(target, 'w') as f:
+            f.write(source.replace(old, new))
+        py_compile.compile(target, doraise=True)
+        t0 = time.time()
+        try:
+            r = subprocess.run([sys.executable, '-m', 'pytest', '-x', '-q', '-p', 'no:cacheprovider', *tests], cwd=copy,
+                               capture_output=True, text=True, timeout=timeout)
+            caught, note = r.returncode != 0, r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ''
+            if r.returncode in (4, 5):  # pytest's usage error / no tests collected: the list names a wrong test
+                sys.exit(f"mutations.py: error: {name!r}: pytest could not run {tests}: {note}")
+        except subprocess.TimeoutExpired:
+            caught, note = False, f'timed out after {timeout} s (a test that hangs is not a test that fails)'
+        return caught, time.time() - t0, note
+    except py_compile.PyCompileError as e:
+        sys.exit(f"mutations.py: error: {name!r} does not compile: {e.msg}")
+    finally:
+        with open(target, 'w') as f:
+            f.write(source)
+
+
+def get_parser():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('--only', default='', help='run the breakages whose name contains this text')
+    p.add_argument('--list', action='store_true', help='list the breakages and their tests, run nothing')
+    p.add_argument('--timeout', type=int, default=180, help='seconds one breakage\'s tests may take')
+    return p
+
+
+def main(argv=None):
+    args = get_parser().parse_args(argv)
+    chosen = [m for m in MUTATIONS if args.only in m[0]]
+    if not chosen:
+        sys.exit(f"mutations.py: error: no breakage name contains {args.only!r}")
+    if args.list:
+        for name, path, _, _, tests in chosen:
+            print(f"{name:55s} {path:32s} {' '.join(tests)}")
+        return
+    rows, t_start = [], time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = os.path.join(tmp, 'repo')
+        scratch_copy(copy)
+        for i, (name, path, old, new, tests) in enumerate(chosen, 1):
+            caught, seconds, note = run_one(copy, name, path, old, new, tests, args.timeout)
+            rows.append((name, tests, caught, seconds))
+            eta = (time.time() - t_start) / i * (len(chosen) - i)
+            print(f"[{i}/{len(chosen)}, ETA {eta / 60:.0f} min] {'caught' if caught else 'NOT CAUGHT'}: {name} "
+                  f"({seconds:.0f} s; {note})", flush=True)
+    print('\n| breakage | tests run | caught | seconds |\n|---|---|---|---|')
+    for name, tests, caught, seconds in rows:
+        print(f"| {name} | {', '.join(t.replace('tests/', '') for t in tests)} | {'yes' if caught else '**no**'} | {seconds:.0f} |")
+    n_caught = sum(caught for _, _, caught, _ in rows)
+    print(f"\n{n_caught} of {len(rows)} breakages caught by tests/, in {(time.time() - t_start) / 60:.1f} min")
+    sys.exit(0 if n_caught == len(rows) else 1)
+
+
+if __name__ == '__main__':
+    main()
