@@ -32,8 +32,9 @@ import time
 
 import torch
 
+from data.common import check_writable, write_atomically
 import train  # bench.py times train.py's training step, so it takes train.py's flags and model config
-from looped import LoopedConfig, LoopedGPT, resolve_device, synchronize
+from looped import LoopedConfig, LoopedGPT, fmt_mfu, peak_flops, resolve_device, synchronize
 
 
 def peak_rss_mib():
@@ -78,14 +79,20 @@ def time_steps(model, optimizer, rt, x, y, steps, warmup):
     return (time.time() - t0) / steps, warm_s
 
 
-def parse(argv=None):
-    """bench.py's own flags, then train.py's flags from the rest; --help describes both."""
+def own_parser():
+    """bench.py's own flags (train.py's come on top of them, see parse)."""
     own = argparse.ArgumentParser(add_help=False)
     own.add_argument('--vocab_size', type=int, default=65, help='synthetic vocabulary (65: the char-level one)')
     own.add_argument('--steps', type=int, default=10, help='timed steps')
     own.add_argument('--warmup', type=int, default=3, help='untimed steps first (compilation happens here)')
     own.add_argument('--suite', action='store_true', help='the whole benchmark suite (see above); other flags ignored')
     own.add_argument('--json', default='out/bench_suite.json', help='where --suite writes its table as JSON')
+    return own
+
+
+def parse(argv=None):
+    """bench.py's own flags, then train.py's flags from the rest; --help describes both."""
+    own = own_parser()
     mine, rest = own.parse_known_args(argv)
     if '-h' in rest or '--help' in rest:
         print(__doc__.strip() + '\n\nbench.py flags:')
@@ -93,12 +100,20 @@ def parse(argv=None):
             print(f"  {'/'.join(action.option_strings):<14} {action.help} (default: {action.default})")
         print('\nthe rest are train.py flags (python train.py --help)')
         sys.exit(0)
-    return mine, train.parse_args(rest)
+    try:
+        return mine, train.parse_args(rest)
+    except SystemExit as e:  # train.py's parser names itself; the user typed bench.py
+        code = str(e.code)
+        sys.exit(code.replace('train.py: error:', 'bench.py: error:', 1) if code.startswith('train.py: error:') else e.code)
 
 
 def main(argv=None):
     mine, args = parse(argv)
     if mine.suite:
+        try:
+            check_writable(mine.json)  # before the suite's minutes of work, not after them
+        except ValueError as e:
+            sys.exit(f"bench.py: error: {e}")
         return suite(mine.json)
     if mine.vocab_size < 1 or mine.steps < 1 or mine.warmup < 0:
         sys.exit("bench.py: error: need --vocab_size >= 1, --steps >= 1 and --warmup >= 0")
@@ -128,7 +143,7 @@ def main(argv=None):
     tok_s = B * T / dt
     print(f"{config.supervision} {config.readout} K={config.n_loop} d={config.n_embd} L={config.n_layer} "
           f"V={mine.vocab_size} B={B} T={T}: {model.num_params():,} params | {dt * 1000:.1f} ms/step | "
-          f"{tok_s:,.0f} tok/s | MFU {train.fmt_mfu(tok_s, model.flops_per_token(), train.peak_flops(device))} | "
+          f"{tok_s:,.0f} tok/s | MFU {fmt_mfu(tok_s, model.flops_per_token(), peak_flops(device))} | "
           f"peak memory {peak:,.0f} MiB ({what}) | warm-up {warm_s:.1f} s ({mine.warmup} steps"
           f"{', compile included' if rt.compile else ''})")
 
@@ -161,7 +176,7 @@ def suite(json_path):
     # The suite compiles several models in one process; past dynamo's recompile limit a compiled row would
     # quietly run eager under its 'compiled' label. Fail instead.
     torch._dynamo.config.fail_on_recompile_limit_hit = True
-    peak = train.peak_flops(rt.device)
+    peak = peak_flops(rt.device)
     if gpu:  # the paper_44m shape
         shape, V, steps, name = dict(n_layer=8, n_embd=512, n_head=8, n_loop=4, block_size=256, batch=64), 20000, 10, 'paper_44m'
     else:    # toy sizes: the same measurements in under a minute on 2 cores
@@ -208,7 +223,7 @@ def suite(json_path):
                 dt, warm = time_steps(model, opt, rt, x, y, steps, 3)
                 tok_s = x.numel() / dt
                 goal = '>= 40% MFU' if gpu and supervision == 'per_loop' and compile and attention == 'sdpa' else ''
-                add('tokens/s, MFU', what, f"{tok_s:,.0f} tok/s, MFU {train.fmt_mfu(tok_s, model.flops_per_token(), peak)}"
+                add('tokens/s, MFU', what, f"{tok_s:,.0f} tok/s, MFU {fmt_mfu(tok_s, model.flops_per_token(), peak)}"
                     f" ({dt * 1000:.1f} ms/step, warm-up {warm:.1f} s)", goal)
                 if compile and supervision == 'per_loop' and attention == 'sdpa':
                     compiled_model = (model, opt, x, y)
@@ -243,8 +258,10 @@ def suite(json_path):
             x, y = (torch.randint(V, (B, shape['block_size']), generator=g).to(rt.device) for _ in range(2))
             losses[compile].append(train_step(model, opt, rt, x, y).item())
     diff = max(abs(a - b) for a, b in zip(losses[False], losses[True]))
-    add('compiled vs eager loss', f"{name} per_loop, 20 steps", f"largest difference {diff:.2e} (final loss {losses[True][-1]:.3f})",
-        '<= 1e-2')
+    # the last model built is the compiled side: a row that compared eager with eager would prove nothing
+    regions = sum(b._compiled_call_impl is not None for b in model.blocks) + hasattr(model.head_loss, '_torchdynamo_orig_callable')
+    add('compiled vs eager loss', f"{name} per_loop, 20 steps", f"largest difference {diff:.2e} (final loss "
+        f"{losses[True][-1]:.3f}; {regions} of {len(model.blocks) + 1} regions compiled)", '<= 1e-2')
 
     # 5. the blind spot on this device: rmsnorm and raw readouts trained side by side on tiny Shakespeare
     config, pair_steps = ('gpu_char', 300) if gpu else ('laptop', 30)
@@ -275,11 +292,9 @@ def suite(json_path):
     print('\n'.join(table))
     if skipped:
         print('\nnot measured here:\n' + '\n'.join(f"- {s}" for s in skipped))
-    os.makedirs(os.path.dirname(json_path) or '.', exist_ok=True)
-    with open(json_path, 'w') as f:
-        json.dump({'device': rt.device, 'gpu': torch.cuda.get_device_name(rt.device) if gpu else None,
-                   'torch': torch.__version__, 'rows': rows, 'not_measured': skipped,
-                   'seconds': round(time.time() - t_start, 1)}, f, indent=1)
+    report = {'device': rt.device, 'gpu': torch.cuda.get_device_name(rt.device) if gpu else None,
+              'torch': torch.__version__, 'rows': rows, 'not_measured': skipped, 'seconds': round(time.time() - t_start, 1)}
+    write_atomically(json_path, lambda f: f.write(json.dumps(report, indent=1).encode()))
     print(f"\nsuite done in {time.time() - t_start:.0f} s; wrote {json_path}")
 
 

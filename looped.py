@@ -26,11 +26,13 @@ loading a checkpoint (LoopedGPT.from_checkpoint) and choosing the device (resolv
 
 import math
 import os
+import pickle
 from contextlib import nullcontext
 from dataclasses import dataclass, asdict
 from typing import Optional
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
@@ -264,9 +266,14 @@ class LoopedGPT(nn.Module):
     def from_checkpoint(cls, path, device='cpu'):
         """(model in eval mode on device, checkpoint dict) from a ckpt.pt or a run folder that holds one.
         ValueError with a one-line message when it is missing or unreadable."""
-        ckpt = load_checkpoint(os.path.join(path, 'ckpt.pt') if os.path.isdir(path) else path, device)
-        model = cls(LoopedConfig(**ckpt['config']))
-        model.load_state_dict(ckpt['model'])
+        path = os.path.join(path, 'ckpt.pt') if os.path.isdir(path) else path
+        ckpt = load_checkpoint(path, device)
+        try:
+            model = cls(LoopedConfig(**ckpt['config']))
+            model.load_state_dict(ckpt['model'])
+        except (TypeError, RuntimeError) as e:  # a config with unknown fields, or weights of another shape
+            raise ValueError(f"checkpoint {path}: its weights do not fit its own config ({type(e).__name__}: "
+                             f"{str(e).strip().splitlines()[0][:150]})") from None
         return model.to(device).eval(), ckpt
 
     def num_params(self):
@@ -444,12 +451,19 @@ def exit_passes(rule, threshold, logp, logp_prev):
 
 def load_checkpoint(path, device='cpu'):
     """The checkpoint dict that train.py saved; ValueError with a one-line message when it is missing or
-    unreadable (the file itself is never touched)."""
+    unreadable (the file itself is never touched). Loaded with weights_only=True: tensors, dicts, lists,
+    numbers and strings only, so a checkpoint from someone else can never run code here."""
     if not os.path.exists(path):
         raise ValueError(f"no checkpoint at {path}")
     try:
-        ckpt = torch.load(path, map_location=device, weights_only=False)
+        ckpt = torch.load(path, map_location=device, weights_only=True)
         missing = {'model', 'config', 'step'} - set(ckpt)
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ''
+        if 'weights_only' in str(e) or 'Unsupported global' in str(e):
+            raise ValueError(f"checkpoint {path} holds objects other than tensors and plain data; refused, since "
+                             "loading it could run code") from None
+        raise ValueError(f"checkpoint {path} is unreadable (truncated or corrupt?): {first[:100]}") from None
     except Exception as e:
         raise ValueError(f"checkpoint {path} is unreadable (truncated or corrupt?): {type(e).__name__}") from None
     if missing:
@@ -467,6 +481,22 @@ class Runtime:
 
     def describe(self):
         return f"device: {self.device} | dtype: {self.dtype} | compile: {self.compile}"
+
+
+# Dense bf16 peak FLOP/s by GPU name, for MFU; anything else prints n/a rather than a guess.
+PEAK_FLOPS = {'H100': 989e12, 'H200': 989e12, 'A100': 312e12}
+
+
+def peak_flops(device):
+    if not str(device).startswith('cuda'):
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAK_FLOPS.items() if k in name), None)
+
+
+def fmt_mfu(tokens_per_s, flops_per_token, peak):
+    """Model FLOPs utilization: the share of the device's peak that the model's own FLOPs use."""
+    return 'n/a' if peak is None else f"{100 * tokens_per_s * flops_per_token / peak:.1f}%"
 
 
 def synchronize(device_type):
@@ -498,3 +528,31 @@ def resolve_device(device='auto', dtype='auto', compile='auto'):
     # bf16 autocast: weights and the residual stream stay fp32, matmuls run in bf16
     ctx = torch.autocast(device_type, dtype=torch.bfloat16) if dtype == 'bfloat16' else nullcontext()
     return Runtime(device, device_type, dtype, device_type == 'cuda' if compile == 'auto' else bool(compile), ctx)
+
+
+def setup_distributed(rt):
+    """Under torchrun (RANK is set): join the process group, NCCL with one GPU per process or gloo on CPUs.
+    Returns (rank, world size); (0, 1) for a plain run."""
+    if 'RANK' not in os.environ:
+        return 0, 1
+    if not dist.is_initialized():
+        dist.init_process_group(backend='nccl' if rt.device_type == 'cuda' else 'gloo')
+    if rt.device_type == 'cuda':
+        rt.device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
+        torch.cuda.set_device(rt.device)
+    return dist.get_rank(), dist.get_world_size()
+
+
+def check_replicas(raw_model, world, say):
+    """The point of DDP: every process ends with the same weights; compared here tensor by tensor with rank 0's."""
+    if world == 1:
+        return
+    differ = 0
+    for p in raw_model.parameters():
+        theirs = p.detach().clone()
+        dist.broadcast(theirs, src=0)
+        differ += int(not torch.equal(theirs, p.detach()))
+    differ = torch.tensor([differ])
+    dist.all_reduce(differ)
+    say(f"weights identical on all {world} processes: {differ.item() == 0} "
+        f"({len(list(raw_model.parameters()))} tensors compared with rank 0's)")

@@ -17,7 +17,7 @@ import train
 from conftest import ROOT, char_prepare
 from test_train import TINY, digest, finished_run, read_log, run_train  # noqa: F401 (a fixture)
 
-import data as data_pkg
+from data import common as data_pkg
 
 
 def test_kill_9_at_random_moments_then_resume_gives_the_uninterrupted_log(tmp_path):
@@ -28,10 +28,11 @@ def test_kill_9_at_random_moments_then_resume_gives_the_uninterrupted_log(tmp_pa
 
 def test_torchrun_saves_on_ctrl_c_and_on_sigterm_every_time(tmp_path):
     """Ctrl-C reaches the workers twice under torchrun (from the terminal, then forwarded by torchrun), and SIGTERM
-    reaches them only through torchrun: both must end in one save at one step, well before torchrun's 30 s kill."""
+    reaches them only through torchrun: both must end in one save at one step (a stop slower than torchrun's 30 s
+    kill would show as a missing save, so no clock is asserted here)."""
     data = faults.make_dataset(str(tmp_path / 'data'))
     r = faults.interrupt_loop(2, data, str(tmp_path), rng=random.Random(2), say=lambda *a: None)
-    assert r['saved'] == 2 and r['max_stop_s'] < 25
+    assert r['saved'] == 2, r
 
 
 def resumable(small_data, tmp_path, steps=4):
@@ -87,20 +88,19 @@ def test_two_fresh_runs_started_together_exactly_one_runs(small_data, tmp_path):
 def test_a_full_disk_at_a_save_is_one_line_and_keeps_the_previous_checkpoint(small_data, tmp_path, monkeypatch):
     saves, real_save = [], torch.save
 
-    def save_then_fill_the_disk(obj, path, *a, **k):
-        saves.append(path)
+    def save_then_fill_the_disk(obj, f, *a, **k):
+        saves.append(f)
         if len(saves) == 2:  # the second save writes part of the file, then the disk is full
-            with open(path, 'wb') as f:
-                f.write(b'partial')
+            f.write(b'partial')
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return real_save(obj, path, *a, **k)
+        return real_save(obj, f, *a, **k)
     monkeypatch.setattr(torch, 'save', save_then_fill_the_disk)
     with pytest.raises(SystemExit) as e:
         run_train(small_data, tmp_path, '--max_iters=4', '--eval_interval=1')
     msg = str(e.value.code)
     assert 'No space left on device' in msg and 'previous checkpoint is kept' in msg and '\n' not in msg
     assert not (tmp_path / 'ckpt.pt.tmp').exists()
-    assert torch.load(tmp_path / 'ckpt.pt', weights_only=False)['step'] == 1
+    assert torch.load(tmp_path / 'ckpt.pt', weights_only=True)['step'] == 1
     assert [r['step'] for r in read_log(tmp_path)[1:]] == [0, 1]  # the unsaved evaluation is not logged
 
 
@@ -119,7 +119,7 @@ def test_model_flags_on_resume_must_match_the_checkpoint(small_data, tmp_path):
     assert "--n_embd=64 differs from the checkpoint's 32" in str(e.value.code)
     assert digest(tmp_path / 'ckpt.pt') == before
     run_train(small_data, tmp_path, '--max_iters=4', '--resume', '--n_embd=32')  # the same value is fine
-    ckpt = torch.load(tmp_path / 'ckpt.pt', weights_only=False)
+    ckpt = torch.load(tmp_path / 'ckpt.pt', weights_only=True)
     assert ckpt['step'] == 4 and ckpt['args']['n_embd'] == 32
 
 
@@ -209,3 +209,11 @@ def test_other_scripts_bad_input_is_one_line(finished_run, script, flags, messag
     with pytest.raises(SystemExit) as e:
         {'sample': sample, 'diagnose': diagnose}[script].main(['--out_dir', str(out), *flags])
     assert message in str(e.value.code) and '\n' not in str(e.value.code), e.value.code
+
+
+def test_write_dataset_refuses_ids_outside_the_vocabulary(tmp_path):
+    """An id >= vocab_size would index past the embedding table at training time; it is refused before writing."""
+    for ids in ([0, 1, 65], [-1, 2], []):
+        with pytest.raises(data_pkg.PrepareError, match='token ids must be in 0..64'):
+            data_pkg.write_dataset(str(tmp_path), ids, [0, 1], {'vocab_size': 65})
+    assert os.listdir(tmp_path) == []

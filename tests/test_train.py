@@ -55,7 +55,7 @@ def test_smoke_run_writes_log_and_checkpoint(finished_run):
         # one scheme for every per-depth list: depths 1..2K
         assert isinstance(r['train_loss'], float) and len(r['val_loss']) == 4 and len(r['hidden_norm']) == 4
         assert all(np.isfinite(r['val_loss'])) and all(h > 0 for h in r['hidden_norm']) and r['elapsed_s'] >= 0
-    ckpt = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=False)
+    ckpt = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)
     assert ckpt['step'] == 6 and ckpt['config']['n_loop'] == 2 and ckpt['meta']['vocab_size'] > 0
     assert ckpt['best_val_loss'] == min(r['val_loss'][1] for r in log[2:])
     assert not any(k.startswith('_orig_mod') for k in ckpt['model'])  # the uncompiled module's names
@@ -69,8 +69,8 @@ def test_resume_continues_the_same_curve(small_data, tmp_path):
     a, b = read_log(tmp_path / 'straight'), read_log(tmp_path / 'resumed')
     strip = lambda log: [{k: v for k, v in r.items() if k != 'elapsed_s'} for r in log[1:]]
     assert strip(a) == strip(b) and [r['step'] for r in b[1:]] == [0, 6, 12]
-    wa = torch.load(tmp_path / 'straight' / 'ckpt.pt', weights_only=False)['model']
-    wb = torch.load(tmp_path / 'resumed' / 'ckpt.pt', weights_only=False)['model']
+    wa = torch.load(tmp_path / 'straight' / 'ckpt.pt', weights_only=True)['model']
+    wb = torch.load(tmp_path / 'resumed' / 'ckpt.pt', weights_only=True)['model']
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
@@ -88,7 +88,7 @@ def test_nan_loss_stops_and_keeps_last_checkpoint(small_data, tmp_path, monkeypa
     with pytest.raises(SystemExit) as e:
         run_train(small_data, tmp_path, '--max_iters=20', '--eval_interval=2')
     assert 'nan at step 5' in str(e.value.code) and '\n' not in str(e.value.code)
-    assert torch.load(tmp_path / 'ckpt.pt', weights_only=False)['step'] == 4
+    assert torch.load(tmp_path / 'ckpt.pt', weights_only=True)['step'] == 4
     assert [r['step'] for r in read_log(tmp_path)[1:]] == [0, 2, 4]
 
 
@@ -137,22 +137,22 @@ def test_cli_error_is_a_single_stderr_line():
     assert r.stderr.strip().count('\n') == 0 and 'invalid choice' in r.stderr
 
 
-def test_missing_default_dataset_without_network(tmp_path, monkeypatch):
-    """The default dataset is prepared on first use; when the download fails, one line says what to do."""
-    import urllib.error
-    import urllib.request
+def test_default_dataset_is_prepared_on_first_use_from_the_shipped_text(tmp_path, monkeypatch, capsys):
+    """No prepared dataset: the first run prepares it from data/shakespeare_char/input.txt, offline. With that
+    text deleted and no source reachable, one line says how to get it back, and nothing is trained."""
     import data
     (tmp_path / 'data' / 'shakespeare_char').mkdir(parents=True)
-    monkeypatch.setattr(data, 'HERE', str(tmp_path / 'data'))                       # no prepared dataset
-    monkeypatch.setattr(char_prepare, 'HERE', str(tmp_path / 'data' / 'shakespeare_char'))  # no downloaded text
-
-    def offline(*a, **k):
-        raise urllib.error.URLError('no network')
-    monkeypatch.setattr(urllib.request, 'urlopen', offline)
+    monkeypatch.setattr(data, 'HERE', str(tmp_path / 'data'))                       # no prepared dataset here
+    train.main([*TINY, '--max_iters=2', '--out_dir', str(tmp_path / 'out')])
+    assert 'preparing it now' in capsys.readouterr().out
+    assert len(np.fromfile(tmp_path / 'data' / 'shakespeare_char' / 'val.bin', np.uint16)) == 111_540
+    (tmp_path / 'data' / 'shakespeare_char' / 'train.bin').unlink()
+    monkeypatch.setattr(char_prepare, 'TEXT', str(tmp_path / 'deleted.txt'))         # the shipped text deleted
+    monkeypatch.setattr(char_prepare, 'URLS', ['http://127.0.0.1:9/input.txt'])      # and nothing to download from
     with pytest.raises(SystemExit) as e:
-        train.main([*TINY, '--out_dir', str(tmp_path / 'out')])
-    assert 'could not download' in str(e.value.code) and '--input=PATH' in str(e.value.code)
-    assert not (tmp_path / 'out').exists()
+        train.main([*TINY, '--max_iters=2', '--out_dir', str(tmp_path / 'out2')])
+    assert 'no source worked' in str(e.value.code) and 'git checkout' in str(e.value.code)
+    assert '\n' not in str(e.value.code) and not (tmp_path / 'out2').exists()
 
 
 def test_ctrl_c_saves_and_resumes(small_data, tmp_path):
@@ -165,17 +165,28 @@ def test_ctrl_c_saves_and_resumes(small_data, tmp_path):
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, out
-    step = torch.load(tmp_path / 'ckpt.pt', weights_only=False)['step']
+    step = torch.load(tmp_path / 'ckpt.pt', weights_only=True)['step']
     assert step >= 2 and f'at step {step}' in out
     run_train(small_data, tmp_path, f'--max_iters={step + 2}', '--eval_interval=100000', '--resume')
-    assert torch.load(tmp_path / 'ckpt.pt', weights_only=False)['step'] == step + 2
+    assert torch.load(tmp_path / 'ckpt.pt', weights_only=True)['step'] == step + 2
 
 
 def test_sample_prints_text_at_other_loop_counts(finished_run, capsys):
+    """sample.py --n_loop=4 on a K=2 model prints what generate() gives at 4 loops with the same seed, and
+    reports the 4 loops per token that generate() says it ran."""
     _, out = finished_run
+    from looped import LoopedGPT
+    model, ckpt = LoopedGPT.from_checkpoint(str(out))
+    encode, decode = sample.get_codec(ckpt['meta'])
+    expected = {}
+    for n_loop in (2, 4):
+        torch.manual_seed(1337)
+        ids, loops = model.generate(torch.tensor([encode('ROMEO:')]), 20, temperature=0.8, top_k=200, n_loop=n_loop)
+        expected[n_loop] = decode(ids[0].tolist())
+        assert loops == [n_loop] * 20
     sample.main(['--out_dir', str(out), '--n_loop=4', '--max_new_tokens=20', '--start=ROMEO:', '--num_samples=1'])
     text = capsys.readouterr().out
-    assert 'sampling with 4 loops' in text and 'ROMEO:' in text and len(text.split('ROMEO:')[1]) >= 20
+    assert expected[4] in text and 'mean loops per token: 4.00 of 4' in text
     with pytest.raises(SystemExit, match='outside'):
         sample.main(['--out_dir', str(out), '--start=\u00e9'])
     with pytest.raises(SystemExit, match='n_loop=0'):
@@ -201,7 +212,7 @@ def test_show_depth_marks_every_generated_token(finished_run, capsys, monkeypatc
     body = text.split('exited (blank: the prompt)\n')[1].split('---------------')[0].rstrip('\n').split('\n')
     lines, marks = body[0::2], body[1::2]
     assert lines[0].startswith('ROMEO:') and marks[0].startswith(' ' * 6)  # the prompt is not marked
-    codec = sample.get_codec(torch.load(out / 'ckpt.pt', weights_only=False)['meta'])
+    codec = sample.get_codec(torch.load(out / 'ckpt.pt', weights_only=True)['meta'])
     ids, used = reported[0]
     expected = ''.join(str(d) for i, d in zip(ids, used) if codec[1]([i]) != '\n')  # newlines take no column
     assert ''.join(m.strip() for m in marks) == expected and set(expected) <= {'2', '3'}  # kl never exits at loop 1
@@ -231,7 +242,8 @@ def test_prepare_char_on_a_local_file(tmp_path):
     src = tmp_path / 'in.txt'
     src.write_text(text)
     char_prepare.main(['--input', str(src), '--out_dir', str(tmp_path)])
-    meta = np.load(tmp_path / 'meta.pkl', allow_pickle=True)
+    with open(tmp_path / 'meta.json') as f:
+        meta = json.load(f)
     train_ids, val_ids = np.fromfile(tmp_path / 'train.bin', np.uint16), np.fromfile(tmp_path / 'val.bin', np.uint16)
     assert meta['vocab_size'] == len(set(text)) and len(train_ids) == int(0.9 * len(text))
     assert ''.join(meta['itos'][i] for i in np.concatenate([train_ids, val_ids])) == text
@@ -252,12 +264,18 @@ def test_prepare_bpe_on_a_local_file(tmp_path):
 
 
 def readme():
-    with open(os.path.join(ROOT, 'README.md')) as f:
-        return f.read()
+    """The front page and every page under docs/, as one text: the command and flag tests cover them all."""
+    import glob
+    text = ''
+    for path in [os.path.join(ROOT, 'README.md')] + sorted(glob.glob(os.path.join(ROOT, 'docs', '*.md'))):
+        with open(path) as f:
+            text += f.read() + '\n'
+    return text
 
 
 def readme_commands():
-    """(script, rest of the line) for every python/torchrun command line in the README and the course handout."""
+    """(script, rest of the line) for every python/torchrun command line in the README, docs/ and the course
+    handout."""
     with open(os.path.join(ROOT, 'assignments', 'README.md')) as f:
         text = readme() + f.read()
     pattern = r'^\s*(?:\$ )?(?:python3?|torchrun(?: --\S+)*) ((?:-m )?[\w./]+?)(?:\.py)?(?= |$)(.*)$'
@@ -282,7 +300,7 @@ def test_every_readme_command_parses():
             train.parse_args(argv)
         elif script == 'bench':
             bench.parse(argv)
-        elif script.startswith('assignments/') or script == 'tests/faults':
+        elif script.startswith('assignments/') or script in ('tests/faults', 'tests/mutations'):
             importlib.import_module(script.split('/')[1]).get_parser().parse_args(argv)
         else:
             {'sample': sample, 'plot_norms': plot_norms, 'diagnose': diagnose}[script].get_parser().parse_args(argv)
@@ -293,12 +311,14 @@ def test_every_readme_command_parses():
 def test_readme_flags_exist_and_the_concept_table_matches_the_defaults():
     """Every --flag the README names belongs to one of the scripts, and the defaults its flags table states are
     train.py's."""
-    known = {opt for parser in (train.get_parser(), sample.get_parser(), diagnose.get_parser(), plot_norms.get_parser())
-             for action in parser._actions for opt in action.option_strings}
-    known |= {'--vocab_size', '--steps', '--warmup', '--suite', '--json'}  # bench.py's own flags
-    known |= {opt for action in faults.get_parser()._actions for opt in action.option_strings}  # tests/faults.py
-    known |= {'--input', '--out_dir', '--tokenizer', '--only', '--runs', '--tolerance'}  # prepare and assignments
-    known |= {'--standalone', '--nproc_per_node'}                         # torchrun's
+    import importlib
+    sys.path.insert(0, os.path.join(ROOT, 'assignments'))
+    parsers = [train.get_parser(), sample.get_parser(), diagnose.get_parser(), plot_norms.get_parser(),
+               bench.own_parser(), faults.get_parser()]
+    parsers += [importlib.import_module(m).get_parser() for m in ('data.shakespeare_char.prepare', 'data.shakespeare.prepare',
+                'data.wikitext103.prepare', 'make_student', 'check_answers', 'mutations')]
+    known = {opt for parser in parsers for action in parser._actions for opt in action.option_strings}
+    known |= {'--standalone', '--nproc_per_node'}                         # torchrun's (not this repository's)
     named = set(re.findall(r'(?<![\w-])(--[a-z][a-z0-9_]*)', readme()))
     assert named - known == set(), named - known
     table = re.findall(r'^\| `(--\w+)` \| `([^`]*)` \|', readme(), flags=re.M)
@@ -351,11 +371,29 @@ def test_overwrite_removes_the_old_checkpoint_before_training(finished_run, tmp_
 
 def test_prepare_refuses_a_too_large_vocabulary_before_writing(tmp_path):
     char_prepare.prepare('abcdefgh' * 20, str(tmp_path))
-    before = {n: digest(tmp_path / n) for n in ('train.bin', 'val.bin', 'meta.pkl')}
+    before = {n: digest(tmp_path / n) for n in ('train.bin', 'val.bin', 'meta.json')}
     huge = ''.join(chr(i) for i in range(0x4E00, 0x4E00 + 70000) if not 0xD800 <= i < 0xE000)
     with pytest.raises(char_prepare.PrepareError, match='distinct characters'):
         char_prepare.prepare(huge, str(tmp_path))
     assert {n: digest(tmp_path / n) for n in before} == before
+
+
+def test_a_lock_held_by_a_live_process_refuses_the_run_and_names_its_pid(small_data, tmp_path):
+    """The lock itself, without any race: another process holds out_dir/run.lock, so train.py must stop at once
+    with one line naming that process."""
+    holder = subprocess.Popen([sys.executable, '-c', 'import fcntl, os, sys, time\n'
+                               'f = open(sys.argv[1], "a+"); fcntl.flock(f, fcntl.LOCK_EX)\n'
+                               'f.write(f"{os.getpid()}\\n"); f.flush(); print("locked", flush=True); time.sleep(60)',
+                               str(tmp_path / 'run.lock')], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == 'locked'
+        with pytest.raises(SystemExit) as e:
+            run_train(small_data, tmp_path, '--max_iters=2')
+        assert f'in use by another train.py (pid {holder.pid})' in str(e.value.code) and '\n' not in str(e.value.code)
+        assert not (tmp_path / 'ckpt.pt').exists()
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_a_second_run_in_a_busy_out_dir_is_refused(small_data, tmp_path):
@@ -369,8 +407,8 @@ def test_a_second_run_in_a_busy_out_dir_is_refused(small_data, tmp_path):
             if line.startswith('eval 2:'):
                 break
         for flag in ('--resume', '--overwrite'):
-            with pytest.raises(SystemExit) as e:
-                run_train(small_data, tmp_path, '--max_iters=200000', flag)
+            with pytest.raises(SystemExit) as e:  # a short run: without the lock it would end at once, not hang
+                run_train(small_data, tmp_path, '--max_iters=3', flag)
             assert f'in use by another train.py (pid {proc.pid})' in str(e.value.code), e.value.code
         assert read_log(tmp_path)[0]['config']['max_iters'] == 100000  # the first run's log, not replaced
     finally:

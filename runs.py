@@ -1,0 +1,296 @@
+"""
+The run folder: what train.py promises about out_dir, and the only place those promises are kept.
+
+    out_dir/log.jsonl   a header line (the run's id and config), then one JSON record per evaluation
+    out_dir/ckpt.pt     the latest checkpoint (weights, optimizer, RNG states, the last record, the run's id)
+    out_dir/run.lock    held (flock) by the one train.py working in the folder; it holds that process's pid
+
+The promises:
+- One run per folder. A second train.py on a busy folder is refused in one line naming the pid that holds it
+  (the OS releases the lock however the holder ends, so a killed run never leaves it behind). A fresh run never
+  replaces an old one unless told to (--overwrite), and then clears the old checkpoint before writing anything.
+- Never two runs mixed. The header and every checkpoint carry the run's id; a resume into a folder whose log and
+  checkpoint disagree is refused.
+- The log never runs ahead of the checkpoint. Each evaluation is saved first and logged second; a resume
+  repairs the log against the checkpoint (a line cut by a crash is dropped, records past the checkpoint are
+  dropped and written again, a record lost between save and log write is restored from the checkpoint).
+- Atomic saves. A checkpoint is written beside the old one and renamed over it, so a crash or a full disk
+  mid-save leaves the previous checkpoint whole; a failed save is one line and removes its partial file.
+- Links are never followed. Every file this module writes is created fresh (exclusively, without following a
+  symlink) and renamed into place; a folder whose own files are symlinks is refused.
+- A signal (Ctrl-C, SIGTERM) does not kill a run: the current step finishes, a checkpoint is saved, and the
+  process exits 130. Under torchrun every process learns of it at the same step (train.py shares the flag in
+  its per-step all-reduce), rank 0 saves, and all of them wait for that save before exiting.
+"""
+
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+
+import torch
+
+from data.common import open_new
+from looped import LoopedConfig, load_checkpoint
+
+FILES = ('log.jsonl', 'ckpt.pt', 'run.lock')
+
+
+class RunError(Exception):
+    """A failure of the run's files (a full disk, a folder that is not writable, a log that belongs to another
+    run), with a one-line message; train.py exits with it and leaves the last good checkpoint in place."""
+
+
+def write_failure(e, path):
+    """Why a write failed, in words: torch reports a full disk as an opaque RuntimeError, so say so plainly."""
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    try:
+        free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
+        return f"write failed with {free / 2**20:,.0f} MiB free on its disk: check free space"
+    except OSError:
+        return str(e).strip().splitlines()[-1][:120]
+
+
+class Run:
+    """The files of one run in out_dir, written only by the master process (rank 0)."""
+
+    def __init__(self, out_dir):
+        self.dir = out_dir
+        self.ckpt_path, self.log_path = os.path.join(out_dir, 'ckpt.pt'), os.path.join(out_dir, 'log.jsonl')
+        self.lock = None
+        self.run_id = None
+
+    def check(self, resume, overwrite):
+        """Before anything is built: refuse, in one line, a folder holding planted links or a run that the
+        command would silently replace."""
+        for name in FILES + ('ckpt.pt.tmp', 'log.jsonl.tmp'):
+            if os.path.islink(os.path.join(self.dir, name)):
+                raise RunError(f"{os.path.join(self.dir, name)} is a symbolic link; a run folder's own files must be "
+                               "plain files (remove the link, or use another --out_dir)")
+        if not resume and not overwrite and self.holds_a_run():
+            raise RunError(f"{self.dir} already holds a run; pass --resume to continue it, --overwrite to replace "
+                           "it, or another --out_dir")
+
+    def resume(self, args, given, device):
+        """(checkpoint, the model config it was trained with) for --resume. The checkpoint's model wins over
+        --config (resumed_config), and its dataset over the default unless --dataset is typed."""
+        ckpt = load_checkpoint(self.ckpt_path, device)
+        if 'dataset' not in given:
+            args.dataset = ckpt['args'].get('dataset', args.dataset)
+        return ckpt, resumed_config(ckpt, args, given)
+
+    def holds_a_run(self):
+        return any(map(os.path.lexists, (self.ckpt_path, self.log_path)))
+
+    def start(self, resume, overwrite, ckpt, header):
+        """Create and lock the folder, prove it writable, then either repair the log of the run being resumed or
+        write a fresh run's header. Returns a note for the user ('' if none). RunError in one line otherwise."""
+        try:
+            os.makedirs(self.dir, exist_ok=True)
+            self._lock()
+            tempfile.TemporaryFile(dir=self.dir).close()  # writable, before any training
+            self.check(resume, overwrite)  # again, under the lock: another run may have started meanwhile
+            if resume:
+                self.run_id = ckpt.get('run_id')
+                return self._repair_log(ckpt)
+            # a fresh run: --overwrite clears the old run's files first, so that nothing of it can be resumed
+            for old in (self.ckpt_path, self.ckpt_path + '.tmp'):
+                if os.path.lexists(old):
+                    os.remove(old)
+            self.run_id = time.strftime('%Y%m%d-%H%M%S-') + os.urandom(3).hex()
+            self._write_lines(self.log_path, [json.dumps({'run_id': self.run_id, **header}).encode()])
+            return ''
+        except OSError as e:
+            raise RunError(f"cannot write to {self.dir} ({e.strerror}); nothing was trained") from None
+
+    def _lock(self):
+        """Hold an exclusive lock on run.lock for the life of this process. Where the OS has no flock
+        (Windows) nothing is locked."""
+        try:
+            import fcntl
+        except ImportError:
+            return
+        path = os.path.join(self.dir, 'run.lock')
+        # opened without truncating and without following a link: the holder's pid is read before it is replaced
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, 'O_NOFOLLOW', 0), 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(fd, 64).decode(errors='replace').strip() or '?'
+            os.close(fd)
+            raise RunError(f"{self.dir} is in use by another train.py (pid {holder}); wait for it to end or choose "
+                           "another --out_dir") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self.lock = fd
+
+    def close(self):
+        if self.lock is not None:
+            os.close(self.lock)  # releases the lock
+            self.lock = None
+
+    def _write_lines(self, path, lines):
+        """Replace path by these lines, atomically, through a fresh temporary file."""
+        with open_new(path + '.tmp') as f:
+            f.write(b''.join(line + b'\n' for line in lines))
+        os.replace(path + '.tmp', path)
+
+    def log(self, record):
+        """One JSON line onto the log (which start() created or checked, so it is a plain file of this run)."""
+        try:
+            fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | getattr(os, 'O_NOFOLLOW', 0))
+            with os.fdopen(fd, 'a') as f:
+                f.write(json.dumps(record) + '\n')
+        except OSError as e:
+            raise RunError(f"could not write {self.log_path} ({e.strerror})") from None
+
+    def save(self, state, step):
+        """Write the checkpoint beside the old one, then rename it over it."""
+        tmp = self.ckpt_path + '.tmp'
+        try:
+            with open_new(tmp) as f:  # a file object: a full disk is an OSError (ENOSPC), not torch's RuntimeError
+                torch.save({**state, 'run_id': self.run_id}, f)
+            os.replace(tmp, self.ckpt_path)
+        except (OSError, RuntimeError) as e:
+            if os.path.lexists(tmp):
+                os.remove(tmp)
+            kept = 'the previous checkpoint is kept' if os.path.exists(self.ckpt_path) else 'no checkpoint was saved before'
+            raise RunError(f"could not save {self.ckpt_path} at step {step} ({write_failure(e, tmp)}); {kept}") from None
+
+    def _repair_log(self, ckpt):
+        """Make log.jsonl agree with the checkpoint a run resumes from: the log must belong to the same run (the
+        run id in its header), a line cut by a crash is dropped, so are records past the checkpoint's last
+        evaluation (the resumed run writes them again), and the checkpoint's last record is restored if a crash
+        came between the save and the log write. Returns a note of what changed ('' if nothing)."""
+        try:
+            with open(self.log_path, 'rb') as f:
+                lines = f.read().split(b'\n')
+            cut = lines.pop() != b''  # whatever follows the last newline is a line cut short
+            head = json.loads(lines[0])
+        except (OSError, ValueError, IndexError) as e:
+            raise RunError(f"{self.log_path} has no readable header ({type(e).__name__}); the run cannot be resumed "
+                           "into it") from None
+        if head.get('run_id') != ckpt.get('run_id'):
+            raise RunError(f"{self.log_path} belongs to run {head.get('run_id')}, the checkpoint to run "
+                           f"{ckpt.get('run_id')}: the folder mixes two runs; start afresh with --overwrite or use "
+                           "another --out_dir")
+        kept, dropped, last = [lines[0]], 0, -1  # last: the step of the last record kept
+        for line in lines[1:]:
+            try:
+                step = json.loads(line)['step']
+            except (ValueError, KeyError, TypeError):
+                dropped += 1
+                continue
+            if last < step <= ckpt['last_eval_step']:
+                kept.append(line)
+                last = step
+            else:
+                dropped += 1
+        restored = ckpt.get('record') is not None and last < ckpt['last_eval_step']
+        if restored:
+            kept.append(json.dumps(ckpt['record']).encode())
+        if not (cut or dropped or restored):
+            return ''
+        try:
+            self._write_lines(self.log_path, kept)
+        except OSError as e:
+            raise RunError(f"could not repair {self.log_path} ({e.strerror})") from None
+        return ', '.join(n for n, yes in (('a line cut by a crash removed', cut), (f'{dropped} records past the '
+                         'checkpoint dropped', dropped), (f"step {ckpt['last_eval_step']}'s record restored from the "
+                         'checkpoint', restored)) if yes)
+
+
+class Interrupts:
+    """While active (a with-block), SIGINT and SIGTERM only set a flag that the training loop reads once per
+    step: it saves and exits 130 there. A second Ctrl-C aborts a single process at once; under torchrun it does
+    not, because torchrun passes the user's Ctrl-C on to its workers a second time (its own 30 s kill is the
+    abort there)."""
+
+    def __init__(self, world, say):
+        self.world, self.say, self.received, self.previous = world, say, [], {}
+
+    def __enter__(self):
+        self.previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc):  # the caller's (e.g. pytest's) handlers as they were
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum, frame):
+        if self.received and signum == signal.SIGINT and self.world == 1:
+            raise KeyboardInterrupt
+        if not self.received:
+            again = ' (Ctrl-C again to abort)' if signum == signal.SIGINT and self.world == 1 else ''
+            self.say(f"\n{signal.Signals(signum).name}: saving a checkpoint after this step{again}", flush=True)
+        self.received.append(signum)
+
+    @property
+    def requested(self):
+        return bool(self.received)
+
+
+# the flags that describe the model: on --resume they come from the checkpoint, and one given with another value
+# is an error (a resumed run cannot change its model)
+MODEL_FLAGS = ('block_size', 'n_embd', 'n_head', 'n_layer', 'n_loop', 'dropout', 'readout', 'alpha', 'recurrence',
+               'supervision', 'norm_penalty', 'init', 'mlp', 'tie_weights')
+
+
+def resumed_config(ckpt, args, given):
+    """The model a resumed run trains: the checkpoint's (the other flags, max_iters, intervals..., may change). A
+    model flag typed with another value is an error, and the saved args are made to describe the checkpoint's
+    model whatever --config says."""
+    config = LoopedConfig(**ckpt['config'])
+    for name in sorted(given & set(MODEL_FLAGS)):
+        if getattr(args, name) != getattr(config, name):
+            raise ValueError(f"--{name}={getattr(args, name)} differs from the checkpoint's {getattr(config, name)}; "
+                             "a resumed run keeps its model (drop the flag, or start a new run elsewhere)")
+    for name in MODEL_FLAGS:
+        setattr(args, name, getattr(config, name))
+    return config
+
+
+def checkpoint_state(raw_model, optimizer, args, step, best_val_loss, last_eval_step, record, data):
+    """What a checkpoint holds: enough to continue exactly (weights, optimizer, both RNGs) and to sample or
+    diagnose without the data folder (the config and the vocabulary). record is the last evaluation's log line,
+    so that a resumed run can restore it if a crash came between this save and the log write."""
+    return {'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(), 'config': raw_model.config.to_dict(),
+            'args': vars(args), 'step': step, 'best_val_loss': best_val_loss, 'last_eval_step': last_eval_step,
+            'record': record, 'meta': data.meta, 'data': data.identity,
+            'rng': {'torch': torch.get_rng_state(), 'batches': data.gen.get_state(),
+                    'cuda': torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
+
+
+def restore(ckpt, model, optimizer, data, args, rank, device_type):
+    """Load weights, optimizer and RNG states from a checkpoint. Returns (step, best val loss, last eval step)."""
+    model.load_state_dict(ckpt['model'])
+    optimizer.load_state_dict(ckpt['optimizer'])
+    for group in optimizer.param_groups:  # the learning rate is a training flag: the command line wins
+        group['lr'] = args.learning_rate
+    torch.set_rng_state(ckpt['rng']['torch'].cpu())
+    data.gen.set_state(ckpt['rng']['batches'].cpu())
+    if rank > 0:  # only rank 0's batch order is saved; the others continue with a fresh, distinct one
+        data.gen.manual_seed(args.seed + rank + 1000003 * ckpt['step'])
+    if ckpt['rng']['cuda'] is not None and device_type == 'cuda':
+        torch.cuda.set_rng_state_all([s.cpu() for s in ckpt['rng']['cuda']])
+    return ckpt['step'], ckpt['best_val_loss'], ckpt['last_eval_step']
+
+
+def kept(run):
+    """What is left after a failure: the words for the last good checkpoint, or its absence."""
+    return (f"the last good checkpoint in {run.dir} is kept" if os.path.exists(run.ckpt_path)
+            else "no checkpoint was saved yet")
+
+
+def fmt_time(s):
+    s = int(s)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def fail(e):
+    """Exit with train.py's one-line error."""
+    sys.exit(f"train.py: error: {e}")
