@@ -10,6 +10,7 @@ Generate text from a trained looped model, at its trained loop count or any othe
 """
 
 import argparse
+import math
 import sys
 
 import torch
@@ -19,17 +20,23 @@ from looped import EXITS, LoopedGPT, resolve_device
 
 def get_codec(meta):
     """encode(str) -> list of ids and decode(list) -> str, from the vocabulary stored in the checkpoint (train.py
-    saves the dataset's meta.pkl there), so sampling needs neither the data folder nor the prepare script."""
+    saves the dataset's vocabulary there), so sampling needs neither the data folder nor the prepare script."""
     if meta.get('tokenizer') == 'gpt2':
         import tiktoken
-        enc = tiktoken.get_encoding('gpt2')
+        try:
+            enc = tiktoken.get_encoding('gpt2')
+        except Exception as e:  # no network and no cache: one line that says how to fix it
+            raise ValueError(f"this checkpoint uses the GPT-2 BPE and tiktoken cannot load it ({type(e).__name__}); "
+                             "set TIKTOKEN_CACHE_DIR to a folder holding tiktoken's gpt2 files") from None
         return (lambda s: enc.encode(s, allowed_special={'<|endoftext|>'})), enc.decode
     if meta.get('tokenizer') == 'word':  # data/wikitext103/prepare.py: regex tokens, id 0 is <unk>
         import re
         stoi = {tok: i for i, tok in enumerate(meta['itos'])}
         return (lambda s: [stoi.get(t, 0) for t in re.findall(meta['pattern'], s)]), \
             (lambda ids: ''.join(meta['itos'][i] for i in ids))
-    stoi, itos = meta['stoi'], meta['itos']  # character level
+    itos = meta['itos']  # character level: a list, or nanoGPT's {id: character}
+    itos = [itos[i] for i in range(len(itos))] if isinstance(itos, dict) else list(itos)
+    stoi = {ch: i for i, ch in enumerate(itos)}
 
     def encode(s):  # a character the model never saw has no id: say which, rather than a KeyError
         unknown = sorted(set(s) - set(stoi))
@@ -99,6 +106,10 @@ def main(argv=None):
         p.error(f"--exit={args.exit} needs --exit_threshold")
     if not args.temperature > 0 or args.top_k < 1 or args.num_samples < 1 or args.max_new_tokens < 0:
         p.error("need --temperature > 0, --top_k >= 1, --num_samples >= 1 and --max_new_tokens >= 0")
+    if not math.isfinite(args.temperature) or (args.exit_threshold is not None and not math.isfinite(args.exit_threshold)):
+        p.error("--temperature and --exit_threshold must be finite numbers")
+    if not 0 <= args.seed < 2 ** 63:
+        p.error(f"--seed={args.seed} must be between 0 and 2**63 - 1")
 
     try:
         device = resolve_device(args.device).device  # sampling runs in fp32 and uncompiled on any device

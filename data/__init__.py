@@ -1,12 +1,13 @@
 """
 The datasets train.py and diagnose.py read: each one a folder under data/ with train.bin and val.bin (uint16
-token ids) and meta.pkl (the vocabulary), written by that folder's prepare script:
+token ids) and meta.json (the vocabulary, and a hash of each split), written by that folder's prepare script:
 
     python -m data.shakespeare_char.prepare      # characters of tiny Shakespeare (the text ships; prepared on first use)
     python -m data.shakespeare.prepare           # the same text in GPT-2 BPE
     python -m data.wikitext103.prepare           # WikiText-103, the paper's word-level tokenizer (downloads 190 MB)
 
-Any folder with those three files works too: pass its path as --dataset. The prepare scripts share
+Any folder with those three files works too (or with nanoGPT's meta.pkl, read as plain data only): pass its
+path as --dataset. The prepare scripts share
 data/common.py (reading, downloading, writing); this file only finds a dataset.
 """
 
@@ -28,12 +29,14 @@ def find_dataset(name):
     else:
         raise ValueError(f"unknown dataset {name!r}: use one of {', '.join(DATASETS)} or a folder with "
                          f"{', '.join(FILES)}")
-    if all(os.path.exists(os.path.join(folder, f)) for f in FILES):
+    missing = [f for f in FILES if not os.path.lexists(os.path.join(folder, f))]
+    if missing == ['meta.json'] and os.path.lexists(os.path.join(folder, 'meta.pkl')):
+        missing = []  # a folder prepared elsewhere (nanoGPT) or by an older version of this repository
+    if not missing:
         return folder
     if name not in DATASETS:
-        raise ValueError(f"{folder} lacks {', '.join(f for f in FILES if not os.path.exists(os.path.join(folder, f)))}; "
-                         "a folder of your own needs train.bin and val.bin (uint16 token ids) and meta.pkl with its "
-                         "vocab_size: see data/shakespeare_char/prepare.py for one way to write them")
+        raise ValueError(f"{folder} lacks {', '.join(missing)}; a folder of your own needs train.bin and val.bin "
+                         "(uint16 token ids) and meta.json with its vocab_size: see data/common.py write_dataset")
     if name != 'shakespeare_char':
         raise ValueError(f"{folder} has no {', '.join(FILES)}; prepare it first: python -m data.{name}.prepare")
     from data.shakespeare_char import prepare  # imported here: the prepare scripts never import this file's names

@@ -1,22 +1,31 @@
 """
-What every prepare script shares: reading a text, downloading a file from the first source that works, and
-writing a dataset folder (train.bin, val.bin and meta.pkl) so that it is never seen half-written.
+What every prepare script and every reader of a dataset shares: reading a text, downloading a file from the
+first source that works, writing a dataset folder so that it is never seen half-written, and reading one back
+with every check (so that a checkpoint and the data it is read with are known to be the same data).
+
+A dataset folder holds train.bin and val.bin (uint16 token ids) and meta.json: the vocabulary, plus the size and
+a hash of each .bin file. meta.json is written last, so a prepare interrupted between its renames leaves .bin
+files that do not match it, which read_dataset refuses. A folder from elsewhere (nanoGPT's) may have meta.pkl
+instead; it is read with an unpickler that admits plain containers, strings and numbers only.
 
 This module imports nothing of data/ itself, so every prepare script can import it and none imports another's
 helpers through the package.
 """
 
+import hashlib
 import http.client
+import io
+import json
 import os
 import pickle
-import sys
 import time
 import urllib.error
 import urllib.request
 
 import numpy as np
 
-FILES = ('train.bin', 'val.bin', 'meta.pkl')
+FILES = ('train.bin', 'val.bin', 'meta.json')
+MAX_VOCAB = 65536  # uint16 token ids
 # Some hosts refuse Python's own "Python-urllib/3.x" (the WikiText author's mirror answers it with 403).
 USER_AGENT = 'Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0 (looped prepare script)'
 
@@ -44,6 +53,34 @@ def open_new(path):
         os.remove(path)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, 'O_NOFOLLOW', 0) | getattr(os, 'O_BINARY', 0)
     return os.fdopen(os.open(path, flags, 0o644), 'wb')
+
+
+def write_atomically(path, write):
+    """Fill a fresh temporary file beside path with write(f), then rename it over path: a link planted at path
+    (or at its temporary) is replaced, never followed, and a failure leaves whatever was at path as it was."""
+    tmp = path + '.tmp'
+    try:
+        with open_new(tmp) as f:
+            write(f)
+        os.replace(tmp, path)
+    finally:
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+
+
+def check_writable(path):
+    """Before long work whose result goes to path: ValueError in one line if path is a folder or its folder
+    cannot take a new file (so the error comes first, not after the work)."""
+    if os.path.isdir(path):
+        raise ValueError(f"{path} is a folder; give a file name (for example {os.path.join(path, 'out.png')})")
+    folder = os.path.dirname(path) or '.'
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with open_new(path + '.probe'):
+            pass
+        os.remove(path + '.probe')
+    except OSError as e:
+        raise ValueError(f"cannot write {path} ({e.strerror or e})") from None
 
 
 def _fetch(url, path, timeout):
@@ -91,30 +128,120 @@ def download(urls, dest, verify, timeout=30):
     raise PrepareError("no source worked: " + '; '.join(failures))
 
 
+def file_hash(data):
+    """The size of a file's bytes and a SHA-256 of its first and last megabyte: cheap for a 200 MB split, and
+    any re-preparation changes it (ids shift, the length changes, or both)."""
+    return [len(data), hashlib.sha256(bytes(data[:1 << 20]) + bytes(data[-(1 << 20):])).hexdigest()]
+
+
+def vocab_hash(meta):
+    """A hash of the vocabulary itself (everything in meta but the file hashes)."""
+    vocab = {k: v for k, v in meta.items() if k != 'files'}
+    return hashlib.sha256(json.dumps(vocab, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
 def write_dataset(out_dir, train_ids, val_ids, meta):
-    """Write train.bin, val.bin (uint16) and meta.pkl into out_dir. Everything is checked first, then all three
-    files are written beside the old ones (*.tmp) and only then renamed into place: a failure at any point (a
-    vocabulary too large for uint16, a full disk, a read-only folder) leaves a prepared dataset as it was."""
-    if meta['vocab_size'] > 65536:
+    """Write train.bin, val.bin (uint16) and meta.json into out_dir. Everything is checked first, then all three
+    files are written beside the old ones (*.tmp) and renamed into place, meta.json (which holds the other two's
+    hashes) last: a failure at any point (a vocabulary too large for uint16, a full disk, a read-only folder, a
+    kill) leaves either the old dataset or one that read_dataset refuses, never a mix that looks whole."""
+    if not 1 <= meta['vocab_size'] <= MAX_VOCAB:
         raise PrepareError(f"a vocabulary of {meta['vocab_size']:,} does not fit uint16 token ids (at most 65,536)")
     arrays = {'train.bin': np.asarray(train_ids), 'val.bin': np.asarray(val_ids)}
     for name, ids in arrays.items():
         if ids.size == 0 or ids.min() < 0 or ids.max() >= meta['vocab_size']:
             raise PrepareError(f"{name}: token ids must be in 0..{meta['vocab_size'] - 1} and there must be some")
-    written = []
+    blobs = {name: ids.astype(np.uint16).tobytes() for name, ids in arrays.items()}
+    blobs['meta.json'] = json.dumps({**meta, 'files': {n: file_hash(b) for n, b in blobs.items()}},
+                                    ensure_ascii=False).encode()
     try:
         os.makedirs(out_dir, exist_ok=True)
-        for name, ids in arrays.items():
-            written.append(os.path.join(out_dir, name + '.tmp'))
-            with open_new(written[-1]) as f:
-                ids.astype(np.uint16).tofile(f)
-        written.append(os.path.join(out_dir, 'meta.pkl.tmp'))
-        with open_new(written[-1]) as f:
-            pickle.dump(meta, f)
+        for name, blob in blobs.items():
+            with open_new(os.path.join(out_dir, name + '.tmp')) as f:
+                f.write(blob)
+        for name in blobs:  # meta.json last: until it lands, the new .bin files do not match the meta present
+            os.replace(os.path.join(out_dir, name + '.tmp'), os.path.join(out_dir, name))
     except OSError as e:
-        for tmp in written:
-            if os.path.lexists(tmp):
-                os.remove(tmp)
-        raise PrepareError(f"cannot write to {out_dir} ({e.strerror}); nothing there was changed") from None
-    for tmp in written:
-        os.replace(tmp, tmp[:-len('.tmp')])
+        raise PrepareError(f"cannot write to {out_dir} ({e.strerror or e}); nothing there was changed") from None
+    finally:  # an interrupted or failed prepare leaves no .tmp behind
+        for name in blobs:
+            if os.path.lexists(os.path.join(out_dir, name + '.tmp')):
+                os.remove(os.path.join(out_dir, name + '.tmp'))
+    if os.path.lexists(os.path.join(out_dir, 'meta.pkl')):  # an older prepare's vocabulary: meta.json replaces it
+        os.remove(os.path.join(out_dir, 'meta.pkl'))
+
+
+class PlainUnpickler(pickle.Unpickler):
+    """Reads pickles of plain data only (dicts, lists, tuples, strings, numbers, booleans, None): those need no
+    class lookup, so any pickle that names a class or a function (the way a pickle runs code) is refused."""
+
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError(f"it names {module}.{name}, and only plain data is read")
+
+
+def read_meta(folder):
+    """The vocabulary of a dataset folder: meta.json, or a foreign meta.pkl read as plain data only. ValueError in
+    one line for anything else, or for a meta without an integer vocab_size that uint16 ids can address."""
+    path = os.path.join(folder, 'meta.json')
+    try:
+        if os.path.exists(path):
+            with open(path, encoding='utf-8') as f:
+                meta = json.load(f)
+        else:
+            path = os.path.join(folder, 'meta.pkl')
+            with open(path, 'rb') as f:
+                meta = PlainUnpickler(io.BytesIO(f.read())).load()
+    except (OSError, ValueError, pickle.UnpicklingError, EOFError) as e:
+        raise ValueError(f"{path} is unreadable or not plain data ({e}); prepare the dataset again") from None
+    size = meta.get('vocab_size') if isinstance(meta, dict) else None
+    if not (isinstance(size, int) and not isinstance(size, bool) and 1 <= size <= MAX_VOCAB):
+        raise ValueError(f"{path} needs an integer vocab_size between 1 and {MAX_VOCAB:,} (uint16 ids); it has {size!r}")
+    return meta
+
+
+def read_dataset(folder):
+    """(meta, {split: uint16 memmap}, identity) for a prepared folder, after every check: the vocabulary is
+    plain data, each split is a non-empty file of whole uint16 ids all below vocab_size, and (for folders this
+    repository prepared) each split matches the hash in meta.json. identity names the data: its absolute path,
+    the vocabulary's hash and each split's size and hash; a checkpoint carries it, so that whoever reads the
+    checkpoint with data can check that it is the same data. ValueError in one line otherwise."""
+    meta = read_meta(folder)
+    splits, files = {}, {}
+    for split in ('train', 'val'):
+        path = os.path.join(folder, f'{split}.bin')
+        if not os.path.isfile(path):
+            raise ValueError(f"{path} is not a file; prepare the dataset again")
+        size = os.path.getsize(path)
+        if size == 0 or size % 2:
+            raise ValueError(f"{path} has {size:,} bytes: {'no' if size == 0 else 'not whole'} uint16 token ids")
+        data = np.memmap(path, dtype=np.uint16, mode='r')
+        files[f'{split}.bin'] = file_hash(data.view(np.uint8))
+        expected = meta.get('files', {}).get(f'{split}.bin')
+        if expected is not None and expected != files[f'{split}.bin']:
+            raise ValueError(f"{path} does not match {folder}/meta.json (a prepare interrupted between its renames?); "
+                             "prepare the dataset again")
+        if int(data.max()) >= meta['vocab_size']:
+            raise ValueError(f"{path} holds token id {int(data.max())}, outside the vocabulary of {meta['vocab_size']}")
+        splits[split] = data
+    identity = {'path': os.path.abspath(folder), 'vocab': vocab_hash(meta), 'files': files}
+    return meta, splits, identity
+
+
+def check_same_data(ckpt, meta, identity, name):
+    """A checkpoint is only ever continued or read with the data it was trained on: ValueError in one line naming
+    both when the data at hand differs. A checkpoint from before data identities were recorded is checked
+    against its own copy of the vocabulary."""
+    recorded, why = ckpt.get('data'), ''
+    if recorded is None:
+        why = '' if vocab_hash(ckpt.get('meta') or {}) == vocab_hash(meta) else 'the vocabulary differs'
+    elif recorded['vocab'] != identity['vocab']:
+        why = 'the vocabulary differs'
+    else:
+        for split, value in recorded['files'].items():
+            if identity['files'].get(split) != value:
+                why = f"{split} differs ({value[0]:,} bytes recorded, {identity['files'].get(split, [0])[0]:,} here)"
+                break
+    if why:
+        trained_on = recorded['path'] if recorded else 'other data'
+        raise ValueError(f"{name} was trained on {trained_on}, and {identity['path']} is not that data ({why}); "
+                         "use the dataset it was trained on (--dataset), or start a new run")

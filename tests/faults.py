@@ -91,7 +91,7 @@ def kill_loop(n_kills, data, work, max_iters=None, rng=None, say=print):
             say(f"  {kills}/{n_kills} kills")
     want, got = comparable(read_log(ref)), comparable(read_log(out))
     steps = [r['step'] for r in got[1]]
-    ckpt = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=False)
+    ckpt = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)
     return {'kills': kills, 'lost': len(set(range(max_iters + 1)) - set(steps)),
             'duplicated': len(steps) - len(set(steps)),
             'mixed': int(ckpt['run_id'] != read_log(out)[0]['run_id'] or want[0] != got[0]),
@@ -129,7 +129,7 @@ def interrupt_once(data, out_dir, rng, how):
     if not said or not os.path.exists(os.path.join(out_dir, 'ckpt.pt')):
         return False, took, f"no save: {text.strip().splitlines()[-3:]}"
     step = int(said[0].split(' at step ')[1].split(';')[0])
-    ckpt = torch.load(os.path.join(out_dir, 'ckpt.pt'), weights_only=False)
+    ckpt = torch.load(os.path.join(out_dir, 'ckpt.pt'), weights_only=True)
     return ckpt['step'] == step, took, f"step {step}"
 
 

@@ -114,7 +114,7 @@ def test_refused_then_redirected_source_gives_a_dataset_that_trains(server, offl
     printed = capsys.readouterr().out
     assert 'failed: HTTP 403' in printed and f'using {server}/redirect.zip' in printed
     assert all(a.startswith('Mozilla/5.0') for a in Handler.agents) and len(Handler.agents) == 3  # 403, 302, zip
-    assert sorted(os.listdir(out)) == ['meta.pkl', 'train.bin', 'val.bin', wikitext_prepare.ZIP_NAME]
+    assert sorted(os.listdir(out)) == ['meta.json', 'train.bin', 'val.bin', wikitext_prepare.ZIP_NAME]
     # counts beside the published ones, with the note (a synthetic zip is not WikiText-103)
     assert 'wiki.valid.raw: 32 lines' in printed and 'published 3,760 lines' in printed and 'note: differs' in printed
     ids = np.fromfile(out / 'val.bin', dtype=np.uint16)

@@ -2,7 +2,6 @@
 and two training steps of the paper_44m configuration on the CPU."""
 
 import json
-import pickle
 import re
 
 import numpy as np
@@ -41,8 +40,8 @@ def word_data(raw_folder, tmp_path_factory):
 
 
 def test_word_tokenizer_round_trip(word_data, raw_folder):
-    with open(word_data / 'meta.pkl', 'rb') as f:
-        meta = pickle.load(f)
+    with open(word_data / 'meta.json') as f:
+        meta = json.load(f)
     assert meta['tokenizer'] == 'word' and meta['itos'][0] == '<unk>' and meta['vocab_size'] == len(meta['itos'])
     for split, name in (('train', 'wiki.train.raw'), ('val', 'wiki.valid.raw')):
         ids = np.fromfile(word_data / f'{split}.bin', dtype=np.uint16)

@@ -1,5 +1,5 @@
 """
-Tiny Shakespeare with the GPT-2 BPE (tiktoken): train.bin / val.bin (uint16 token ids) and meta.pkl.
+Tiny Shakespeare with the GPT-2 BPE (tiktoken): train.bin / val.bin (uint16 token ids) and meta.json.
 
     python -m data.shakespeare.prepare                        # from data/shakespeare_char/input.txt (ships)
     python -m data.shakespeare.prepare --input=my_text.txt    # any UTF-8 text of your own instead

@@ -1,5 +1,5 @@
 """
-Character-level tiny Shakespeare: writes train.bin / val.bin (uint16 token ids) and meta.pkl (the vocabulary).
+Character-level tiny Shakespeare: writes train.bin / val.bin (uint16 token ids) and meta.json (the vocabulary).
 
     python -m data.shakespeare_char.prepare                        # from input.txt, which ships with the repository
     python -m data.shakespeare_char.prepare --input=my_text.txt    # any UTF-8 text of your own instead
@@ -64,7 +64,7 @@ def prepare(text, out_dir):
         raise PrepareError(f"the text has {len(chars):,} distinct characters; uint16 ids allow at most 65,536")
     stoi = {ch: i for i, ch in enumerate(chars)}
     n = int(0.9 * len(text))
-    meta = {'vocab_size': len(chars), 'itos': dict(enumerate(chars)), 'stoi': stoi, 'tokenizer': 'char'}
+    meta = {'vocab_size': len(chars), 'itos': chars, 'tokenizer': 'char'}  # itos[i]: the character of id i
     write_dataset(out_dir, [stoi[c] for c in text[:n]], [stoi[c] for c in text[n:]], meta)
     return len(chars), n, len(text) - n
 
@@ -73,7 +73,7 @@ def get_parser(doc=__doc__, default_out_dir=HERE):
     """The flags both Shakespeare prepare scripts take."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--input', default=None, help='a text of your own (default: the shipped input.txt)')
-    parser.add_argument('--out_dir', default=default_out_dir, help='where train.bin, val.bin and meta.pkl go')
+    parser.add_argument('--out_dir', default=default_out_dir, help='where train.bin, val.bin and meta.json go')
     return parser
 
 

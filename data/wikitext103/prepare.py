@@ -1,5 +1,5 @@
 """
-WikiText-103 (raw) for the paper-scale configurations: train.bin / val.bin (uint16 token ids) and meta.pkl.
+WikiText-103 (raw) for the paper-scale configurations: train.bin / val.bin (uint16 token ids) and meta.json.
 
     python -m data.wikitext103.prepare                                   # downloads the 190 MB zip once
     python -m data.wikitext103.prepare --url=https://my.mirror/wt103.zip # your own source first
@@ -107,7 +107,7 @@ def get_parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--input', default=None, help='the zip, or a folder with wiki.train.raw and wiki.valid.raw')
     p.add_argument('--tokenizer', default='word', choices=['word', 'gpt2'])
-    p.add_argument('--out_dir', default=HERE, help='where train.bin, val.bin and meta.pkl (and the zip) go')
+    p.add_argument('--out_dir', default=HERE, help='where train.bin, val.bin and meta.json (and the zip) go')
     p.add_argument('--url', action='append', default=[],
                    help='a source of the zip to try before the built-in ones (repeatable; always downloads)')
     p.add_argument('--timeout', type=float, default=30, help='seconds a source may stay silent before it is given up')
