@@ -4,7 +4,13 @@ functions the chosen assignments ask for replaced by `raise NotImplementedError(
 Signatures and docstrings stay, so the student sees what to write and where.
 
     python assignments/make_student.py /tmp/student                 # all assignments
-    python assignments/make_student.py /tmp/student --only a1,a3    # just these
+    python assignments/make_student.py /tmp/student-a1a3 --only a1,a3   # just these; the rest keep the reference
+
+Left out, because they state answers or are for instructors: the project README (replaced by a student README,
+assignments/STUDENT_README.md: set-up, the assignments, how to run; no results), figures/, the answer key and
+mutation suite (assignments/key/), and the project's own test suite (tests/, whose science tests and instructor
+check state results). It runs only from the instructor's repository (a git checkout with the reference code):
+from a student copy it would copy the student's code as the reference, so it refuses.
 
 Which functions belong to which assignment is listed in assignments/stubs.py; the bodies are found by
 qualified name with Python's ast module, so the reference files need no markers.
@@ -20,12 +26,48 @@ import sys
 from stubs import ASSIGNMENTS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STUDENT_README = os.path.join('assignments', 'STUDENT_README.md')  # written as the copy's README.md
+# never copied: (path prefixes) texts that state answers, instructor material, and the project's test suite
+EXCLUDED = ('README.md', 'figures/', 'assignments/key/', STUDENT_README, 'tests/')
+
+
+def excluded(rel):
+    rel = rel.replace(os.sep, '/')
+    return any(rel == e or (e.endswith('/') and rel.startswith(e)) for e in EXCLUDED)
+
+
+def stub_marker(assignment):
+    return f"{assignment}: see assignments/README.md"
+
+
+def stripped_reason(root=ROOT):
+    """Why root is not the instructor's repository (no .git, or stubs in place of reference code), or None."""
+    if not os.path.exists(os.path.join(root, '.git')):
+        return "it has no .git"
+    stubbed = []
+    for a, (_, targets) in ASSIGNMENTS.items():
+        for target in targets:
+            path, qualname = target.split('::')
+            try:
+                with open(os.path.join(root, path), encoding='utf-8') as f:
+                    source = f.read()
+            except OSError:
+                continue
+            fn = find_function(ast.parse(source), qualname)
+            if fn is not None and stub_marker(a) in ast.get_source_segment(source, fn):
+                stubbed.append(a)
+                break
+    if stubbed:
+        return f"{', '.join(stubbed)} {'is' if len(stubbed) == 1 else 'are'} stubbed out"
+    return None
 
 
 def tracked_files(root):
-    """The files git tracks under root (what a clone has); without git, every file but build and run output."""
+    """The files git tracks under root, and new files it would track (not ignored): what the next commit can
+    have. Without git, every file but build and run output."""
     try:
-        out = subprocess.run(['git', 'ls-files', '-z'], cwd=root, capture_output=True, check=True).stdout
+        out = subprocess.run(['git', 'ls-files', '-z', '--cached', '--others', '--exclude-standard'], cwd=root,
+                             capture_output=True, check=True).stdout
         return [f for f in out.decode().split('\0') if f]
     except (OSError, subprocess.CalledProcessError):
         skip = {'.git', 'out', '__pycache__', '.pytest_cache'}
@@ -74,11 +116,13 @@ def make_student(out, only=None):
     for a in chosen:
         for target in ASSIGNMENTS[a][1]:
             path, qualname = target.split('::')
-            by_file.setdefault(path, []).append((qualname, f"{a}: see assignments/README.md"))
+            by_file.setdefault(path, []).append((qualname, stub_marker(a)))
+    os.makedirs(out, exist_ok=True)
+    shutil.copy2(os.path.join(ROOT, STUDENT_README), os.path.join(out, 'README.md'))
     for rel in tracked_files(ROOT):
         src, dst = os.path.join(ROOT, rel), os.path.join(out, rel)
-        if not os.path.isfile(src):
-            continue  # tracked but deleted in this working tree
+        if not os.path.isfile(src) or excluded(rel):
+            continue  # tracked but deleted in this working tree, or left out of every student copy
         os.makedirs(os.path.dirname(dst), exist_ok=True)
         if rel in by_file:
             with open(src, encoding='utf-8') as f:
@@ -113,6 +157,9 @@ def main(argv=None):
         p.error(f"{args.out} exists and is not an empty folder; the student copy needs a fresh one")
     if os.path.abspath(args.out).startswith(ROOT + os.sep):
         p.error(f"{args.out} is inside the repository; write the student copy somewhere else")
+    why = stripped_reason()
+    if why:
+        p.error(f"{ROOT} is not the instructor's repository ({why}); run make_student.py from the reference checkout")
     chosen = make_student(args.out, only)
     print(f"wrote a student copy to {args.out}, with {', '.join(chosen)} to write:")
     for a in chosen:

@@ -1,5 +1,8 @@
-"""The instructor check for assignments/: the student copy, graders that cannot pass vacuously, answer checking."""
+"""The instructor check for assignments/: the student copy (no answers in it), graders that cannot pass
+vacuously and that catch known wrong implementations (the mutation suite), answer checking, the handout's
+diagnose.py commands."""
 
+import ast
 import glob
 import json
 import os
@@ -15,6 +18,8 @@ sys.path.insert(0, os.path.join(ROOT, 'assignments'))  # make_student.py imports
 import check_answers  # noqa: E402
 import make_student  # noqa: E402
 from stubs import ASSIGNMENTS  # noqa: E402
+
+KEY = os.path.join(ROOT, 'assignments', 'key')
 
 
 def grader(assignment):
@@ -33,7 +38,6 @@ def outcome(output):
 
 
 def test_every_assignment_has_a_grader_and_its_functions_exist():
-    import ast
     for a, (_, targets) in ASSIGNMENTS.items():
         assert grader(a)
         for target in targets:
@@ -42,13 +46,40 @@ def test_every_assignment_has_a_grader_and_its_functions_exist():
                 assert make_student.find_function(ast.parse(f.read()), qualname) is not None, target
 
 
-@pytest.mark.parametrize('assignment', list(ASSIGNMENTS))
-def test_stripping_one_assignment_fails_every_test_of_its_grader(assignment, tmp_path):
-    make_student.make_student(str(tmp_path), [assignment])
-    code, out = run([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', grader(assignment)], tmp_path)
-    counts = outcome(out)
-    assert code != 0 and counts.get('passed', 0) == 0 and counts.get('failed', 0) + counts.get('error', 0) > 0, out[-3000:]
-    assert f'NotImplementedError: {assignment}: see assignments/README.md' in out
+def test_every_grader_assertion_carries_a_message():
+    """No bare asserts (whose failure would print tensors and no advice), and pytest's introspection is off."""
+    for path in glob.glob(os.path.join(ROOT, 'assignments', 'tests', 'test_a*.py')):
+        with open(path) as f:
+            tree = ast.parse(f.read())
+        assert 'PYTEST_DONT_REWRITE' in ast.get_docstring(tree), path
+        bare = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Assert) and n.msg is None]
+        assert not bare, f"{os.path.relpath(path, ROOT)}: asserts without a message on lines {bare}"
+
+
+def test_mutation_suite_every_wrong_implementation_fails_its_grader(capsys):
+    """assignments/key/mutations.py: the reference passes every grader; each assignment stripped as in the
+    student copy fails every test of its grader with its NotImplementedError; and every known wrong
+    implementation fails its grader with a message (not a dump of tensors)."""
+    code, out = run([sys.executable, os.path.join('assignments', 'key', 'mutations.py'), '--stubs'], ROOT)
+    records = [json.loads(line) for line in out.splitlines() if line.startswith('{')]
+    summary = [line for line in out.splitlines() if line.startswith('mutation suite:')]
+    with capsys.disabled():
+        print(f"\n{summary[0] if summary else 'mutation suite: no summary'}")
+    assert code == 0, out[-4000:]
+    stubbed = {r['stubbed']: r for r in records if 'stubbed' in r}
+    assert sorted(stubbed) == sorted(ASSIGNMENTS)
+    for a, r in stubbed.items():
+        assert r['passed'] == 0 and r['failed'] > 0 and r['all_not_implemented'], r
+    mutations = [r for r in records if 'mutation' in r]
+    missed = [f"{r['assignment']}: {r['mutation']}" for r in mutations if not r['caught']]
+    assert not missed, f"wrong implementations that pass their grader: {missed}"
+    assert len(mutations) >= 20 and {r['assignment'] for r in mutations} == set(ASSIGNMENTS), summary
+    dumps = [r['mutation'] for r in mutations if 'tensor(' in r['first'] or len(r['first']) < 40]
+    assert not dumps, f"caught, but with a tensor dump or no explanation: {dumps}"
+    tried, caught = map(int, re.search(r'(\d+) tried, (\d+) caught', summary[0]).groups())
+    assert tried == caught == len(mutations)
+    with open(os.path.join(ROOT, 'assignments', 'README.md')) as f:
+        assert f"{tried} known wrong implementations" in f.read(), "the handout must state the mutation count"
 
 
 def test_the_full_student_copy_imports_and_fails_every_grader(tmp_path):
@@ -66,11 +97,48 @@ def test_the_full_student_copy_imports_and_fails_every_grader(tmp_path):
     assert not os.path.exists(tmp_path / '.git') and not glob.glob(str(tmp_path / 'data' / '*' / '*.bin'))
 
 
-def test_reference_files_carry_no_solution_markers():
-    for path in ('looped.py', 'diagnose.py'):
-        with open(os.path.join(ROOT, path)) as f:
-            text = f.read()
-        assert not re.search(r'\ba[1-8]\b|assignment|solution|student|TODO', text, flags=re.I), path
+def student_text(folder):
+    """{relative path: text} for every file of a student copy that reads as UTF-8."""
+    texts = {}
+    for path in glob.glob(os.path.join(folder, '**', '*'), recursive=True):
+        if os.path.isfile(path):
+            try:
+                with open(path, encoding='utf-8') as f:
+                    texts[os.path.relpath(path, folder)] = f.read()
+            except UnicodeDecodeError:
+                pass
+    return texts
+
+
+def test_the_student_copy_states_no_answer(tmp_path):
+    """No figures, no answer key, the student README instead of the project's, and none of the answer key's
+    numbers or key sentences, nor the project README's result numbers, anywhere in the copy."""
+    make_student.make_student(str(tmp_path))
+    assert not (tmp_path / 'figures').exists() and not (tmp_path / 'assignments' / 'key').exists()
+    assert not (tmp_path / 'tests').exists() and not (tmp_path / 'assignments' / 'STUDENT_README.md').exists()
+    with open(os.path.join(ROOT, 'assignments', 'STUDENT_README.md')) as f:
+        assert (tmp_path / 'README.md').read_text() == f.read()
+    with open(os.path.join(KEY, 'key.json')) as f:
+        key = json.load(f)
+    with open(os.path.join(KEY, 'KEY.md')) as f:
+        prose = re.sub(r'[*\s]+', ' ', f.read())
+    for sentence in key['key_sentences']:  # the key's sentences are in its prose, so the grep below means something
+        assert sentence.lower() in prose.lower(), sentence
+    numbers = set(key['grep_numbers']) | {str(v['reference']) for v in key['numbers'].values()}
+    numbers |= {str(x) for v in key['numbers'].values() if v['range'] for x in v['range']}
+    # the project README's result tables: every number with a decimal point in a table row
+    with open(os.path.join(ROOT, 'README.md')) as f:
+        readme_numbers = {n for line in f if line.startswith('|') for n in re.findall(r'\d+\.\d+', line)
+                          if len(n.replace('.', '').strip('0')) >= 3}  # 2.244, 30.7, 0.305; not 0.01, 1.5 or 10.0
+    texts = {rel: re.sub(r'\s+', ' ', t) for rel, t in student_text(tmp_path).items()}
+    found = []
+    for n in sorted(numbers | readme_numbers):
+        pattern = re.compile(r'(?<![\d.])' + re.escape(n) + r'(?![\d])')
+        found += [f"{n} in {rel}" for rel, t in texts.items() if pattern.search(t)]
+    for sentence in key['key_sentences']:
+        found += [f"'{sentence}' in {rel}" for rel, t in texts.items() if sentence.lower() in t.lower()]
+    assert not found, f"the student copy states answers: {found[:20]}"
+    assert len(numbers) >= 15 and len(readme_numbers) >= 20  # the check has something to find
 
 
 def test_make_student_refuses_a_used_folder_and_unknown_assignments(tmp_path):
@@ -82,16 +150,104 @@ def test_make_student_refuses_a_used_folder_and_unknown_assignments(tmp_path):
     assert (tmp_path / 'x').read_text() == 'keep me' and not (tmp_path / 'new').exists()
 
 
+def test_make_student_refuses_to_run_from_a_stripped_copy(tmp_path):
+    """From a student copy it would hand out the student's code as the reference: it refuses, in one line."""
+    copy = tmp_path / 'copy'
+    make_student.make_student(str(copy), ['a4'])
+    code, out = run([sys.executable, os.path.join('assignments', 'make_student.py'), str(tmp_path / 'again')], copy)
+    assert code != 0 and out.strip().count('\n') == 0 and 'no .git' in out, out
+    os.makedirs(copy / '.git')  # a student who runs git init: the stubs still give it away
+    code, out = run([sys.executable, os.path.join('assignments', 'make_student.py'), str(tmp_path / 'again')], copy)
+    assert code != 0 and out.strip().count('\n') == 0 and 'a4 is stubbed out' in out, out
+    assert not (tmp_path / 'again').exists()
+    assert make_student.stripped_reason(ROOT) is None
+
+
+def test_reference_files_carry_no_solution_markers():
+    for path in ('looped.py', 'diagnose.py'):
+        with open(os.path.join(ROOT, path)) as f:
+            text = f.read()
+        assert not re.search(r'\ba[1-8]\b|assignment|solution|student|TODO', text, flags=re.I), path
+
+
+def write_log(folder, records, max_iters=500, **flags):
+    os.makedirs(folder, exist_ok=True)
+    model = {'n_loop': 4, 'readout': 'rmsnorm', 'norm_penalty': 0.0, 'recurrence': 'residual',
+             'supervision': 'per_loop', **flags}
+    with open(os.path.join(folder, 'log.jsonl'), 'w') as f:
+        f.write(json.dumps({'run_id': 'x', 'config': {'max_iters': max_iters, 'model': model}}) + '\n')
+        for r in records:
+            f.write(json.dumps(r) + '\n')
+
+
 def test_check_answers_compares_with_the_students_own_runs(tmp_path, capsys):
-    def log(folder, record):
-        os.makedirs(tmp_path / folder)
-        with open(tmp_path / folder / 'log.jsonl', 'w') as f:
-            f.write(json.dumps({'config': {'model': {'n_loop': 4}}}) + '\n' + json.dumps(record) + '\n')
-    log('laptop', {'hidden_norm': [1, 2, 3, 930.7]})
-    log('laptop-pen0.01', {'hidden_norm': [1, 2, 3, 30.0]})
+    write_log(tmp_path / 'laptop', [{'step': 100, 'hidden_norm': [9, 9, 9, 1305.6]},
+                                    {'step': 500, 'hidden_norm': [1, 2, 3, 930.7]}])
+    write_log(tmp_path / 'laptop-pen0.01', [{'step': 500, 'hidden_norm': [1, 2, 3, 30.0]}], norm_penalty=0.01)
+    write_log(tmp_path / 'laptop-alpha', [{'step': 500, 'hidden_norm': [1, 2, 3, 4], 'alpha': 0.3071}], readout='alpha')
     answers = tmp_path / 'ANSWERS.md'
     answers.write_text('a5_rmsnorm_norm_K = 931\na5_penalty_norm_K = 45\na6_alpha_per_loop = ?\n')
+    assert check_answers.main([str(answers), '--runs', str(tmp_path), '--key', str(tmp_path / 'none.json')]) == 1
+    out = capsys.readouterr().out
+    assert re.search(r'a5_rmsnorm_norm_K\s+ok', out) and 'you wrote 45' in out
+    assert re.search(r'a6_alpha_per_loop\s+missing: write the number', out), out
+    assert '1 of 6 numbers match' in out
+    for value in ('30', '0.3071', '0.307', '1305', '930.7'):  # never a number the student has not written
+        assert not re.search(r'(?<![\d.])' + re.escape(value) + r'(?![\d])', out), (value, out)
+
+
+def test_check_answers_refuses_a_run_that_has_not_reached_the_step(tmp_path, capsys):
+    """A run still at step 100 (or trained for fewer steps) cannot answer a question about step 500."""
+    write_log(tmp_path / 'laptop', [{'step': 100, 'hidden_norm': [1, 2, 3, 1305.6]}])
+    write_log(tmp_path / 'laptop-alpha', [{'step': 100, 'alpha': 0.446}], max_iters=100, readout='alpha')
+    write_log(tmp_path / 'laptop-pen0.01', [{'step': 500, 'hidden_norm': [1, 2, 3, 30.0]}])  # no penalty: wrong flags
+    answers = tmp_path / 'ANSWERS.md'
+    answers.write_text('a5_rmsnorm_norm_K = 1305.6\na6_alpha_per_loop = 0.446\na5_penalty_norm_K = 30\n')
     assert check_answers.main([str(answers), '--runs', str(tmp_path)]) == 1
     out = capsys.readouterr().out
-    assert re.search(r'a5_rmsnorm_norm_K\s+ok', out) and 'you wrote 45' in out and 'no ' in out
-    assert '1 of 6 numbers match' in out
+    assert re.search(r'a5_rmsnorm_norm_K\s+not checked: laptop stopped at step 100 of 500', out), out
+    assert re.search(r'a6_alpha_per_loop\s+not checked: laptop-alpha was trained for --max_iters=100', out), out
+    assert re.search(r'a5_penalty_norm_K\s+not checked: .*--norm_penalty=0.0', out), out
+    assert '0 of 6' in out
+
+
+def test_check_answers_compares_with_the_key(tmp_path, capsys):
+    """A number that matches the student's own (broken) run but lies outside the key's range is not ok, and the
+    range is not printed."""
+    write_log(tmp_path / 'laptop-alpha', [{'step': 500, 'alpha': 0.93}], readout='alpha')
+    answers = tmp_path / 'ANSWERS.md'
+    answers.write_text('a6_alpha_per_loop = 0.93\n')
+    assert check_answers.main([str(answers), '--runs', str(tmp_path)]) == 1  # the real key
+    out = capsys.readouterr().out
+    assert re.search(r'a6_alpha_per_loop\s+outside the key', out), out
+    with open(os.path.join(KEY, 'key.json')) as f:
+        low, high = json.load(f)['numbers']['a6_alpha_per_loop']['range']
+    assert str(low) not in out and str(high) not in out
+    key = tmp_path / 'key.json'
+    key.write_text(json.dumps({'numbers': {'a6_alpha_per_loop': {'range': [0.9, 0.95]}}}))
+    assert check_answers.main([str(answers), '--runs', str(tmp_path), '--key', str(key)]) == 1
+    assert re.search(r'a6_alpha_per_loop\s+ok \(0.93, within the key', capsys.readouterr().out)
+
+
+def test_handout_diagnose_commands_work_without_a2_and_without_the_timed_benchmark(small_data, tmp_path, capsys,
+                                                                                 monkeypatch):
+    """A4 Q3's --only=scale for a student who skipped A2 (the radial-gradient table is left out, nothing
+    crashes), and A7 Q1's --only=exit with --timed=False (no timed benchmark)."""
+    import diagnose
+    import train
+    train.main(['--dataset', small_data, '--out_dir', str(tmp_path), '--n_layer=1', '--n_embd=32', '--n_head=2',
+                '--n_loop=2', '--block_size=16', '--batch_size=4', '--eval_iters=2', '--max_iters=2',
+                '--eval_interval=2', '--log_interval=2'])
+
+    def not_written(*args):
+        raise NotImplementedError("a2: see assignments/README.md")
+    monkeypatch.setattr(diagnose, 'rmsnorm_radial_grad', not_written)
+    capsys.readouterr()
+    diagnose.main(['--out_dir', str(tmp_path), '--only=scale', '--diag_windows=4'])
+    out = capsys.readouterr().out
+    assert 'scale sensitivity' in out and 'radial gradient fraction: left out' in out and 'radial clamps' in out
+    diagnose.main(['--out_dir', str(tmp_path), '--only=exit', '--max_windows=20', '--timed=False'])
+    out = capsys.readouterr().out
+    assert 'early exit per token' in out and 'early exit per sequence' not in out and '--timed=False' in out
+    with pytest.raises(SystemExit, match='expected True or False'):
+        diagnose.main(['--out_dir', str(tmp_path), '--only=exit', '--timed=maybe'])

@@ -1,9 +1,10 @@
-"""A3 grader: LoopedGPT.loops (looped.py), the recurrence: which state each pass starts from, what it yields."""
+"""A3 grader: LoopedGPT.loops (looped.py), the recurrence: which state each pass starts from, what it yields.
+PYTEST_DONT_REWRITE"""
 
 import pytest
 import torch
 
-from grading import tiny
+from grading import check_close, tiny
 
 
 def recorded(model, scale=1.0):
@@ -26,9 +27,30 @@ def test_yields_every_pass_in_order(n_loop):
     inputs, outputs = recorded(model)
     with torch.no_grad():
         got = list(model.loops(h0, n_loop))
-    assert [k for k, _ in got] == list(range(1, n_loop + 1))       # also beyond the trained K = 3
-    assert len(inputs) == n_loop                                   # one pass per loop, none extra
-    assert all(h is out for (_, h), out in zip(got, outputs))      # h_k is the pass's own output
+    ks = [k for k, _ in got]
+    assert ks == list(range(1, n_loop + 1)), \
+        f"loops(h, {n_loop}) yielded k = {ks}; expected 1..{n_loop} (also beyond the trained K = 3)"
+    assert len(inputs) == n_loop, f"loops(h, {n_loop}) ran loop_step {len(inputs)} times; one pass per loop"
+    assert all(h is out for (_, h), out in zip(got, outputs)), \
+        "a yielded h_k is not the tensor loop_step returned for pass k: yield the pass's own output (before any " \
+        "inter-loop norm)"
+
+
+@pytest.mark.parametrize('recurrence', ['residual', 'normed'])
+def test_it_is_lazy_one_pass_per_yield(recurrence):
+    """loops must be a generator that runs pass k only when (k, h_k) is asked for: generate() breaks out of the
+    loop at the exit depth, and every pass computed before that is wasted. A list (or any code that runs all
+    passes first) gives the right states but makes early exit save nothing."""
+    model = tiny(recurrence=recurrence).eval()
+    inputs, _ = recorded(model)
+    with torch.no_grad():
+        for k, _ in model.loops(torch.randn(2, 5, 32), 5):
+            break
+    assert k == 1, f"the first thing loops yields must be loop 1, got k = {k}"
+    assert len(inputs) == 1, (
+        f"breaking after the first yield of loops(h, 5) ran loop_step {len(inputs)} times, expected exactly 1. "
+        f"Write loops as a generator: yield (k, h_k) inside the for loop right after pass k, instead of building "
+        f"a list and returning it; otherwise an early exit at loop 1 still pays for all passes.")
 
 
 def test_residual_recurrence_carries_the_state_as_it_is():
@@ -37,8 +59,11 @@ def test_residual_recurrence_carries_the_state_as_it_is():
     inputs, outputs = recorded(model, scale=50.0)  # whatever scale a pass produces is carried on
     with torch.no_grad():
         list(model.loops(h0, 4))
-    assert torch.equal(inputs[0], h0)
-    assert all(torch.equal(nxt, out) for nxt, out in zip(inputs[1:], outputs))
+    assert len(inputs) == 4, f"loops(h, 4) ran loop_step {len(inputs)} times; one pass per loop"
+    assert torch.equal(inputs[0], h0), "pass 1 must start from h_0 itself (no norm or change before pass 1)"
+    for k, (nxt, out) in enumerate(zip(inputs[1:], outputs), 1):
+        assert torch.equal(nxt, out), \
+            f"residual recurrence: pass {k + 1} must start from h_{k} exactly as pass {k} returned it (scale and all)"
 
 
 @pytest.mark.parametrize('scale', [0.1, 1.0, 100.0])
@@ -51,12 +76,19 @@ def test_normed_recurrence_starts_each_pass_at_the_gain(scale):
     inputs, outputs = recorded(model, scale=scale)
     with torch.no_grad():
         got = list(model.loops(h0, 4))
-    assert torch.equal(inputs[0], h0)
-    for nxt, out in zip(inputs[1:], outputs):
+    assert len(inputs) == 4, f"loops(h, 4) ran loop_step {len(inputs)} times; one pass per loop"
+    assert torch.equal(inputs[0], h0), \
+        "normed recurrence: pass 1 must start from h_0 itself; there is no inter-loop norm before pass 1"
+    for k, (nxt, out) in enumerate(zip(inputs[1:], outputs), 1):
         rms = nxt.pow(2).mean(-1).sqrt()
-        assert torch.allclose(rms, torch.full_like(rms, 2.5), rtol=1e-4)
-        assert torch.allclose(nxt, model.inter_norm(out))
-    assert all(torch.equal(h, out) for (_, h), out in zip(got, outputs))  # pre-norm states are yielded
+        assert torch.allclose(rms, torch.full_like(rms, 2.5), rtol=1e-4), (
+            f"normed recurrence, pass outputs scaled by {scale:g}: pass {k + 1} starts at RMS {rms.mean():.4g}, "
+            f"expected the inter-loop norm's gain 2.5: start it from self.inter_norm(h_{k})")
+        check_close(nxt, model.inter_norm(out), f"the input of pass {k + 1} against self.inter_norm(h_{k})")
+    for k, ((_, h), out) in enumerate(zip(got, outputs), 1):
+        assert torch.equal(h, out), (
+            f"normed recurrence: the yielded h_{k} is not pass {k}'s own output; yield the state before the "
+            f"inter-loop norm (it is what is read out, penalized and logged), then normalize what is carried on")
 
 
 @pytest.mark.parametrize('recurrence', ['residual', 'normed'])
@@ -71,11 +103,18 @@ def test_intervene_changes_what_is_yielded_and_carried(recurrence):
         return 0.5 * h
     with torch.no_grad():
         got = list(model.loops(h0, 3, intervene=halve))
-    assert [c[0] for c in calls] == [1, 2, 3]
-    assert all(c[1] is i and c[2] is o for c, i, o in zip(calls, inputs, outputs))  # (k, pass input, pass output)
-    assert all(torch.allclose(h, 0.5 * o) for (_, h), o in zip(got, outputs))
+    assert [c[0] for c in calls] == [1, 2, 3], \
+        f"intervene was called with k = {[c[0] for c in calls]}; expected once per pass, k = 1, 2, 3"
+    assert all(c[1] is i and c[2] is o for c, i, o in zip(calls, inputs, outputs)), \
+        "intervene must be called as intervene(k, h_in, h_k): the pass's input and the pass's own output"
+    for k, ((_, h), o) in enumerate(zip(got, outputs), 1):
+        check_close(h, 0.5 * o, f"the yielded h_{k} against intervene's result",
+                    hint="What intervene returns replaces h_k: yield it.")
     carried = [h for _, h in got[:-1]] if recurrence == 'residual' else [model.inter_norm(h) for _, h in got[:-1]]
-    assert all(torch.allclose(i, c) for i, c in zip(inputs[1:], carried))
+    for k, (i, c) in enumerate(zip(inputs[1:], carried), 1):
+        check_close(i, c, f"{recurrence} recurrence: the input of pass {k + 1} against what intervene returned "
+                    f"at loop {k}" + (" (through the inter-loop norm)" if recurrence == 'normed' else ''),
+                    hint="intervene's result replaces h_k also for the next pass, not only in what is yielded.")
 
 
 def test_gradients_flow_through_every_pass():
@@ -83,5 +122,7 @@ def test_gradients_flow_through_every_pass():
     h0 = torch.randn(2, 5, 32, requires_grad=True)
     *_, (_, h_last) = model.loops(h0, 3)
     h_last.pow(2).sum().backward()
-    assert h0.grad is not None and h0.grad.abs().sum() > 0
-    assert model.inter_norm.weight.grad.abs().sum() > 0  # the inter-loop norm is inside the graph
+    assert h0.grad is not None and h0.grad.abs().sum().item() > 0, \
+        "no gradient reaches h_0 from h_3: something in loops detaches the state (.detach(), torch.no_grad, .data)"
+    assert model.inter_norm.weight.grad is not None and model.inter_norm.weight.grad.abs().sum().item() > 0, \
+        "the inter-loop norm's gain gets no gradient: the norm must be applied to the carried state inside the graph"

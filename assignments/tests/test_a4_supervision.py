@@ -1,10 +1,11 @@
-"""A4 grader: LoopedGPT.supervision_loss (looped.py), dense (per-loop) against terminal supervision."""
+"""A4 grader: LoopedGPT.supervision_loss (looped.py), dense (per-loop) against terminal supervision.
+PYTEST_DONT_REWRITE"""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from grading import batch, tiny
+from grading import batch, check_close, tiny
 
 
 def unrolled_loss(model, x, y):
@@ -23,10 +24,19 @@ def test_value_on_given_cross_entropies(supervision):
     model = tiny(supervision=supervision)
     ces = [torch.tensor(v, requires_grad=True) for v in (3.0, 2.0, 1.5)]
     loss = model.supervision_loss(ces)
-    assert loss.dim() == 0 and loss.item() == pytest.approx(6.5 / 3 if supervision == 'per_loop' else 1.5)
+    want = 6.5 / 3 if supervision == 'per_loop' else 1.5
+    rule = 'the mean of all K' if supervision == 'per_loop' else 'the last one alone'
+    assert isinstance(loss, torch.Tensor) and loss.dim() == 0, \
+        f"supervision_loss must return a scalar tensor, got {type(loss).__name__} {getattr(loss, 'shape', '')}"
+    assert loss.item() == pytest.approx(want), \
+        f"{supervision} supervision of ces = (3.0, 2.0, 1.5) gave {loss.item():.4g}; expected {want:.4g} ({rule})"
+    assert loss.requires_grad, "the loss does not require grad: it must be computed from the ces, not from .item()"
     loss.backward()
     expected = [1 / 3] * 3 if supervision == 'per_loop' else [0.0, 0.0, 1.0]
-    assert [0.0 if c.grad is None else c.grad.item() for c in ces] == pytest.approx(expected)
+    got = [0.0 if c.grad is None else c.grad.item() for c in ces]
+    assert got == pytest.approx(expected), \
+        f"{supervision} supervision: d loss / d ce_k = {[round(g, 4) for g in got]}, " \
+        f"expected {[round(e, 4) for e in expected]}"
 
 
 @pytest.mark.parametrize('supervision', ['per_loop', 'terminal'])
@@ -39,9 +49,12 @@ def test_parameter_gradients_match_a_hand_unrolled_reference(supervision):
     loss.backward()
     ref = unrolled_loss(reference, x, y)
     ref.backward()
-    assert loss.item() == pytest.approx(ref.item(), rel=1e-5)
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-5), \
+        f"{supervision}: the model's loss is {loss.item():.6g}, the hand-unrolled reference {ref.item():.6g}"
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
-        assert p.grad is not None and torch.allclose(p.grad, q.grad, rtol=1e-4, atol=1e-6), name
+        assert p.grad is not None, f"{supervision}: parameter {name} gets no gradient (is the loss detached?)"
+        check_close(p.grad, q.grad, f"{supervision}: the gradient of {name} against the hand-unrolled reference",
+                    rtol=1e-4, atol=1e-6, hint="Right loss, wrong gradient: is part of the loss detached?")
 
 
 def test_terminal_supervision_gives_early_readouts_no_say():
@@ -51,9 +64,15 @@ def test_terminal_supervision_gives_early_readouts_no_say():
     base = model(x, y)[1].item()
     original = model.readout.forward
     model.readout.forward = lambda h, k: original(h, k) * (100.0 if k < 3 else 1.0)
-    assert model(x, y)[1].item() == pytest.approx(base, rel=1e-6)
+    worse = model(x, y)[1].item()
+    assert worse == pytest.approx(base, rel=1e-6), \
+        f"terminal supervision: making loops 1..K-1's readouts worse moved the loss from {base:.5g} to " \
+        f"{worse:.5g}; only the last loop's cross-entropy may count"
     model = tiny(supervision='per_loop', readout='final_norm')
     base = model(x, y)[1].item()
     original = model.readout.forward
     model.readout.forward = lambda h, k: original(h, k) * (100.0 if k < 3 else 1.0)
-    assert model(x, y)[1].item() != pytest.approx(base, rel=1e-3)
+    worse = model(x, y)[1].item()
+    assert worse != pytest.approx(base, rel=1e-3), \
+        f"per-loop supervision: making loops 1..K-1's readouts worse left the loss at {base:.5g}; every loop's " \
+        f"cross-entropy must count"

@@ -1,17 +1,27 @@
-"""A5 grader: LoopedGPT.norm_penalty (looped.py), then the blind spot and its fixes in 40-step training runs."""
+"""A5 grader: LoopedGPT.norm_penalty (looped.py), then the blind spot and its fixes in 40-step training runs.
+PYTEST_DONT_REWRITE"""
 
 import pytest
 import torch
 
-from grading import batch, short_run, tiny
+from grading import batch, check_close, short_run, tiny
 
 
 def test_value_is_lambda_times_the_mean_over_loops_of_the_mean_square():
     """Not the squared L2 norm, not a sum over loops: lambda * mean_k mean(h_k^2)."""
     model = tiny(norm_penalty=0.5)
     states = [torch.full((2, 4, 32), 1.0), torch.full((2, 4, 32), 2.0), torch.full((2, 4, 32), 3.0)]
-    assert model.norm_penalty(states).item() == pytest.approx(0.5 * (1 + 4 + 9) / 3)
-    assert tiny(norm_penalty=0.0).norm_penalty(states).item() == 0.0
+    got = model.norm_penalty(states).item()
+    want = 0.5 * (1 + 4 + 9) / 3
+    hints = {0.5 * 14: 'a sum over loops instead of the mean', 0.5 * 14 / 3 * 256: 'a sum over elements (squared L2 '
+             'norm) instead of the mean', 0.5 * 14 * 256: 'sums over loops and elements', 14 / 3: 'lambda left out',
+             0.5 * (1 + 2 + 3) / 3: 'the RMS instead of the mean square'}
+    hint = next((v for k, v in hints.items() if got == pytest.approx(k)), 'compare with the formula')
+    assert got == pytest.approx(want), \
+        f"lambda = 0.5 and states filled with 1, 2 and 3: penalty {got:.5g}, expected lambda * mean_k mean(h_k^2) " \
+        f"= {want:.5g} ({hint})"
+    zero = tiny(norm_penalty=0.0).norm_penalty(states).item()
+    assert zero == 0.0, f"with lambda = 0 the penalty must be 0, got {zero:.4g}"
 
 
 def test_gradient_is_radial():
@@ -19,8 +29,10 @@ def test_gradient_is_radial():
     model = tiny(norm_penalty=0.01)
     states = [(torch.randn(2, 4, 32) * s).requires_grad_() for s in (1.0, 10.0, 100.0)]
     model.norm_penalty(states).backward()
-    for h in states:
-        assert torch.allclose(h.grad, 2 * 0.01 * h.detach() / (3 * h.numel()), rtol=1e-5)
+    for k, h in enumerate(states, 1):
+        assert h.grad is not None, f"h_{k} gets no gradient from the penalty: is it detached?"
+        check_close(h.grad, 2 * 0.01 * h.detach() / (3 * h.numel()), f"d penalty / d h_{k} against "
+                    "2 lambda h_k / (K numel)", rtol=1e-5, atol=1e-12)
 
 
 @pytest.mark.parametrize('recurrence', ['residual', 'normed'])
@@ -32,7 +44,9 @@ def test_the_model_penalizes_the_states_before_any_inter_loop_norm(recurrence):
     model.loop_step = lambda h: outputs.append(step(h)) or outputs[-1]  # record each pass's own output
     _, loss, stats = model(x, y)
     expected = stats['ce'].mean() + 0.01 * torch.stack([h.pow(2).mean() for h in outputs]).mean()
-    assert torch.allclose(loss, expected, rtol=1e-5)
+    check_close(loss, expected, f"{recurrence} recurrence: the training loss against mean CE + lambda * mean_k "
+                "mean(h_k^2) of the passes' own outputs", rtol=1e-5,
+                hint="Use the states you are given (h_k before any inter-loop norm).")
 
 
 @pytest.fixture(scope='module')
@@ -44,12 +58,20 @@ def norms(tmp_path_factory):
 
 
 def test_the_penalty_holds_the_norm_5x_below_the_blind_spot(norms):
-    assert norms['rmsnorm'][-1] >= 5 * norms['penalty'][-1], norms
+    blind, pen = norms['rmsnorm'][-1], norms['penalty'][-1]
+    assert blind >= 5 * pen, \
+        f"after 40 steps ||h_K|| is {blind:.4g} without the penalty and {pen:.4g} with lambda = 0.01: the penalty " \
+        f"should hold it at least 5x lower. Does your penalty reach the states' scale with the gradient given above?"
 
 
 def test_inter_loop_norm_stops_the_growth_compounding(norms):
-    """(Needs your penalty only because the fixture runs it first.) With inter-loop normalization each pass
-    still writes a large state, but loops 2..K stay within 25% of loop 1, where the residual loop keeps growing."""
+    """(Needs your penalty only because the fixture runs it first.) With inter-loop normalization loops 2..K must
+    stay within 25% of loop 1; the residual run must grow at least 2x from loop 1 to K."""
     h, blind = norms['normed'], norms['rmsnorm']
-    assert max(h) <= 1.25 * h[0] and min(h) >= 0.8 * h[0], norms
-    assert blind[-1] >= 2 * blind[0] and blind[-1] >= 2.5 * h[-1], norms
+    fmt = lambda v: ', '.join(f"{x:.3g}" for x in v)
+    assert max(h) <= 1.25 * h[0] and min(h) >= 0.8 * h[0], \
+        f"normed recurrence: ||h_k|| for k = 1..4 is {fmt(h)}; loops 2..K should stay within 25% of loop 1 " \
+        f"(is the inter-loop norm applied to what each pass starts from, A3?)"
+    assert blind[-1] >= 2 * blind[0] and blind[-1] >= 2.5 * h[-1], \
+        f"residual recurrence: ||h_k|| = {fmt(blind)} against normed {fmt(h)}; the residual loop should grow at " \
+        f"least 2x over the loops and end 2.5x above the normed one (A3's residual recurrence carries the scale)"

@@ -1,0 +1,310 @@
+"""
+The mutation suite (instructors only; make_student.py leaves assignments/key/ out of the student copy, because
+every mutation quotes a line of the reference solution). Each entry is a known wrong implementation of one
+assignment: a line (or block) of the reference code and its wrong replacement. Each is written into a scratch
+copy of the repository, and the assignment's grader must fail on it; the reference itself must pass.
+
+    python assignments/key/mutations.py                 # every mutation; prints one JSON line each, then a summary
+    python assignments/key/mutations.py --only=a3,a7    # just these assignments
+
+The graders run in this one process (pytest.main, with every module of the scratch copy re-imported each time),
+so torch is imported once and the suite takes about 20 s. tests/test_course_kit.py runs it and requires every
+mutation to be caught by a failing test (not by an import or collection error).
+"""
+
+import argparse
+import glob
+import importlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+sys.dont_write_bytecode = True  # a mutated file must never be read back from a stale .pyc
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# (assignment, file, what the mistake is, reference text, wrong text)
+MUTATIONS = [
+    # ---- A1: RMSNorm.forward, Readout.forward ----
+    ('a1', 'looped.py', 'eps outside the square root',
+     'torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)',
+     '1 / (xf.pow(2).mean(-1, keepdim=True).sqrt() + self.eps)'),
+    ('a1', 'looped.py', 'no upcast: squares computed in the input dtype',
+     'xf = x.to(torch.promote_types(x.dtype, torch.float32))', 'xf = x'),
+    ('a1', 'looped.py', '.float() upcast, which lowers a float64 input',
+     'xf = x.to(torch.promote_types(x.dtype, torch.float32))', 'xf = x.float()'),
+    ('a1', 'looped.py', 'the gain forgotten',
+     '+ self.eps) * self.weight).type_as(x)', '+ self.eps)).type_as(x)'),
+    ('a1', 'looped.py', 'sum of squares instead of the mean',
+     'torch.rsqrt(xf.pow(2).mean(-1, keepdim=True)', 'torch.rsqrt(xf.pow(2).sum(-1, keepdim=True)'),
+    ('a1', 'looped.py', 'the output left in float32 (no cast back)',
+     '+ self.eps) * self.weight).type_as(x)', '+ self.eps) * self.weight)'),
+    ('a1', 'looped.py', 'final_norm normalizes from K - 1 on (off by one)',
+     "if self.kind == 'final_norm' and k < self.n_loop:", "if self.kind == 'final_norm' and k < self.n_loop - 1:"),
+    ('a1', 'looped.py', 'final_norm normalizes only at exactly K, not beyond',
+     "if self.kind == 'final_norm' and k < self.n_loop:", "if self.kind == 'final_norm' and k != self.n_loop:"),
+    # ---- A2: rmsnorm_radial_grad ----
+    ('a2', 'diagnose.py', 'returns zeros (the "it is zero" answer)',
+     'return S / r2.sqrt() * eps / r2', 'return torch.zeros_like(S)'),
+    ('a2', 'diagnose.py', 'r instead of r^2 in the eps factor',
+     'return S / r2.sqrt() * eps / r2', 'return S / r2.sqrt() * eps / r2.sqrt()'),
+    ('a2', 'diagnose.py', 'sum of squares instead of the mean in r^2',
+     'r2 = h.pow(2).mean(-1) + eps', 'r2 = h.pow(2).sum(-1) + eps'),
+    ('a2', 'diagnose.py', 'the gain left out of S',
+     'S = (weight * grad_y * h).sum(-1)', 'S = (grad_y * h).sum(-1)'),
+    # ---- A3: LoopedGPT.loops ----
+    ('a3', 'looped.py', 'a list instead of a generator (all passes run before the first is used)',
+     '''        for k in range(1, n_loop + 1):
+            h_in = h
+            h = self.loop_step(h_in)                                  # (B, T, C)
+            if intervene is not None:
+                h = intervene(k, h_in, h)
+            yield k, h
+            if self.inter_norm is not None:
+                h = self.inter_norm(h)''',
+     '''        out = []
+        for k in range(1, n_loop + 1):
+            h_in = h
+            h = self.loop_step(h_in)                                  # (B, T, C)
+            if intervene is not None:
+                h = intervene(k, h_in, h)
+            out.append((k, h))
+            if self.inter_norm is not None:
+                h = self.inter_norm(h)
+        return out'''),
+    ('a3', 'looped.py', 'yield after the inter-loop norm',
+     '''            yield k, h
+            if self.inter_norm is not None:
+                h = self.inter_norm(h)''',
+     '''            if self.inter_norm is not None:
+                h = self.inter_norm(h)
+            yield k, h'''),
+    ('a3', 'looped.py', 'an inter-loop norm before pass 1 too',
+     '''            h_in = h
+            h = self.loop_step(h_in)                                  # (B, T, C)''',
+     '''            h_in = self.inter_norm(h) if self.inter_norm is not None else h
+            h = self.loop_step(h_in)                                  # (B, T, C)'''),
+    ('a3', 'looped.py', "intervene's result yielded but not carried on",
+     '''            if intervene is not None:
+                h = intervene(k, h_in, h)
+            yield k, h''',
+     '''            yield k, (intervene(k, h_in, h) if intervene is not None else h)'''),
+    ('a3', 'looped.py', 'intervene called with the output twice (no pass input)',
+     'h = intervene(k, h_in, h)', 'h = intervene(k, h, h)'),
+    ('a3', 'looped.py', 'the carried state detached',
+     'h = self.inter_norm(h)', 'h = self.inter_norm(h.detach())'),
+    ('a3', 'looped.py', 'stops at the trained K',
+     'for k in range(1, n_loop + 1):', 'for k in range(1, min(n_loop, self.config.n_loop) + 1):'),
+    # ---- A4: LoopedGPT.supervision_loss ----
+    ('a4', 'looped.py', 'sum instead of mean',
+     'return torch.stack(ces).mean()', 'return torch.stack(ces).sum()'),
+    ('a4', 'looped.py', 'detached mean (right value, no gradient)',
+     'return torch.stack(ces).mean()',
+     'return torch.tensor(sum(c.item() for c in ces) / len(ces), requires_grad=True)'),
+    ('a4', 'looped.py', 'terminal supervision on the first loop',
+     '''            return torch.stack(ces).mean()
+        return ces[-1]''', '''            return torch.stack(ces).mean()
+        return ces[0]'''),
+    ('a4', 'looped.py', 'the mean whatever the supervision',
+     "if self.config.supervision == 'per_loop':\n            return torch.stack(ces).mean()",
+     "if True:\n            return torch.stack(ces).mean()"),
+    # ---- A5: LoopedGPT.norm_penalty ----
+    ('a5', 'looped.py', 'squared L2 norm instead of the mean square',
+     'torch.stack([h.float().pow(2).mean() for h in states]).mean()',
+     'torch.stack([h.float().pow(2).sum() for h in states]).mean()'),
+    ('a5', 'looped.py', 'sum over loops instead of the mean',
+     'torch.stack([h.float().pow(2).mean() for h in states]).mean()',
+     'torch.stack([h.float().pow(2).mean() for h in states]).sum()'),
+    ('a5', 'looped.py', 'the RMS instead of the mean square',
+     'torch.stack([h.float().pow(2).mean() for h in states]).mean()',
+     'torch.stack([h.float().pow(2).mean().sqrt() for h in states]).mean()'),
+    ('a5', 'looped.py', 'lambda left out',
+     'return self.config.norm_penalty * torch.stack(', 'return torch.stack('),
+    ('a5', 'looped.py', 'the states detached',
+     '[h.float().pow(2).mean() for h in states]', '[h.detach().float().pow(2).mean() for h in states]'),
+    # ---- A6: AlphaNorm.forward ----
+    ('a6', 'looped.py', 's not clamped at eps',
+     's = hf.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(self.eps)', 's = hf.pow(2).mean(-1, keepdim=True).sqrt()'),
+    ('a6', 'looped.py', '.float() upcast, which lowers a float64 input',
+     'hf = h.to(torch.promote_types(h.dtype, torch.float32))', 'hf = h.float()'),
+    ('a6', 'looped.py', 'alpha and 1 - alpha swapped',
+     'torch.exp((1 - self.alpha()) * (self.log_s_ref - s.log()))', 'torch.exp(self.alpha() * (self.log_s_ref - s.log()))'),
+    ('a6', 'looped.py', 's_ref left out',
+     'torch.exp((1 - self.alpha()) * (self.log_s_ref - s.log()))', 'torch.exp((1 - self.alpha()) * (-s.log()))'),
+    ('a6', 'looped.py', 'alpha detached',
+     'torch.exp((1 - self.alpha()) * (self.log_s_ref - s.log()))',
+     'torch.exp((1 - self.alpha().detach()) * (self.log_s_ref - s.log()))'),
+    ('a6', 'looped.py', 's as the L2 norm instead of the RMS',
+     's = hf.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(self.eps)', 's = hf.pow(2).sum(-1, keepdim=True).sqrt().clamp_min(self.eps)'),
+    # ---- A7: exit_passes, exit_depths, calibrate_exit ----
+    ('a7', 'looped.py', 'KL reversed: KL(p_{k-1} || p_k)',
+     'return (logp.exp() * (logp - logp_prev)).sum(dim=-1) <= threshold',
+     'return (logp_prev.exp() * (logp_prev - logp)).sum(dim=-1) <= threshold'),
+    ('a7', 'looped.py', 'the KL rule passes at loop 1',
+     'return torch.zeros(logp.shape[:-1], dtype=torch.bool, device=logp.device)',
+     'return torch.ones(logp.shape[:-1], dtype=torch.bool, device=logp.device)'),
+    ('a7', 'looped.py', 'confidence read from the first token instead of the top one',
+     'return logp.max(dim=-1).values.exp() >= threshold', 'return logp[..., 0].exp() >= threshold'),
+    ('a7', 'looped.py', 'a strict > in the confidence rule',
+     'return logp.max(dim=-1).values.exp() >= threshold', 'return logp.max(dim=-1).values.exp() > threshold'),
+    ('a7', 'diagnose.py', 'the last loop does not always answer',
+     '    passes[:, K - 1] = True  # the last loop always answers\n', ''),
+    ('a7', 'diagnose.py', 'exit depths counted from 0',
+     'return passes.argmax(axis=1) + 1', 'return passes.argmax(axis=1)'),
+    ('a7', 'diagnose.py', 'the tolerance applied to cross-entropy instead of perplexity',
+     'if ppl <= full * (1 + tolerance) and d.mean() < best[1]:',
+     'if math.log(ppl) <= math.log(full) * (1 + tolerance) and d.mean() < best[1]:'),
+    ('a7', 'diagnose.py', 'perplexity as the mean of per-token perplexities',
+     'ppl = math.exp(ce[np.arange(len(d)), d - 1].mean())', 'ppl = float(np.exp(ce[np.arange(len(d)), d - 1]).mean())'),
+    ('a7', 'diagnose.py', 'the tolerance ignored',
+     'if ppl <= full * (1 + tolerance) and d.mean() < best[1]:', 'if d.mean() < best[1]:'),
+]
+
+
+def grader(root, assignment):
+    (path,) = glob.glob(os.path.join(root, 'assignments', 'tests', f'test_{assignment}_*.py'))
+    return os.path.relpath(path, root)
+
+
+def scratch_copy(dst):
+    """The repository's working tree without history, run output, figures or prepared data (the text stays)."""
+    skip = shutil.ignore_patterns('.git', 'out', 'figures', '__pycache__', '.pytest_cache', '*.bin', '*.pkl', '*.pt')
+    shutil.copytree(ROOT, dst, ignore=skip)
+    return dst
+
+
+class Outcome:
+    """A pytest plugin that counts what happened: failed tests (setup or call) and collection errors."""
+
+    def __init__(self):
+        self.passed, self.failed, self.errors, self.first = 0, 0, 0, ''
+        self.messages = []  # every failure's text
+
+    def pytest_collectreport(self, report):
+        if report.failed:
+            self.errors += 1
+            self.first = self.first or str(report.longrepr)[-300:]
+
+    def pytest_runtest_logreport(self, report):
+        if report.failed:
+            self.failed += 1
+            self.messages.append(str(report.longrepr))
+            if not self.first:
+                crash = getattr(report.longrepr, 'reprcrash', None)
+                self.first = f"{report.nodeid.split('::')[-1]}: {crash.message if crash else report.longrepr}"
+        elif report.when == 'call' and report.passed:
+            self.passed += 1
+
+
+def run_grader(root, assignment, stop_at_first=True):
+    """Run one grader of the copy at root in this process, with every module of the copy imported afresh."""
+    import pytest
+    for name, mod in list(sys.modules.items()):
+        if os.path.abspath(getattr(mod, '__file__', None) or os.sep).startswith(root + os.sep):
+            del sys.modules[name]
+    importlib.invalidate_caches()
+    outcome = Outcome()
+    cwd = os.getcwd()
+    os.chdir(root)
+    sys.path.insert(0, root)
+    try:
+        args = ['-q', '-p', 'no:cacheprovider', '--tb=no', '--no-header', '-o', 'console_output_style=classic',
+                grader(root, assignment)] + (['-x'] if stop_at_first else [])
+        with open(os.devnull, 'w') as quiet:
+            stdout, sys.stdout = sys.stdout, quiet
+            try:
+                pytest.main(args, plugins=[outcome])
+            finally:
+                sys.stdout = stdout
+    finally:
+        sys.path.remove(root)
+        os.chdir(cwd)
+    return outcome
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.error = lambda msg: sys.exit(f"mutations.py: error: {msg}")
+    p.add_argument('--only', default=None, help='comma-separated assignments, e.g. a3,a7')
+    p.add_argument('--stubs', action='store_true',
+                   help="also strip each assignment as make_student.py does: every test of its grader must fail "
+                        "with the assignment's NotImplementedError (no grader passes vacuously)")
+    args = p.parse_args(argv)
+    chosen = sorted({m[0] for m in MUTATIONS})
+    if args.only:
+        only = [a.strip() for a in args.only.split(',') if a.strip()]
+        unknown = sorted(set(only) - set(chosen))
+        if unknown:
+            p.error(f"no mutations for {', '.join(unknown)}: use {', '.join(chosen)}")
+        chosen = only
+    start = time.time()
+    with tempfile.TemporaryDirectory(prefix='mutations-') as tmp:
+        root = os.path.realpath(scratch_copy(os.path.join(tmp, 'repo')))
+        originals = {}
+        for a in chosen:  # the reference must pass every grader, or a "caught" mutation proves nothing
+            control = run_grader(root, a, stop_at_first=False)
+            print(json.dumps({'control': a, 'passed': control.passed, 'failed': control.failed,
+                              'errors': control.errors, 'first': control.first}), flush=True)
+            if control.failed or control.errors or not control.passed:
+                sys.exit(f"mutations.py: error: the reference fails its own {a} grader: {control.first}")
+        if args.stubs:
+            sys.path.insert(0, os.path.join(ROOT, 'assignments'))
+            from make_student import stub_marker, stub_source
+            from stubs import ASSIGNMENTS
+            for a in chosen:
+                by_file = {}
+                for target in ASSIGNMENTS[a][1]:
+                    path, qualname = target.split('::')
+                    by_file.setdefault(path, []).append(qualname)
+                texts = {}
+                for path, qualnames in by_file.items():
+                    with open(os.path.join(root, path), encoding='utf-8') as f:
+                        texts[path] = f.read()
+                    stubbed = texts[path]
+                    for qualname in qualnames:
+                        stubbed = stub_source(stubbed, [qualname], stub_marker(a))
+                    with open(os.path.join(root, path), 'w', encoding='utf-8') as f:
+                        f.write(stubbed)
+                try:
+                    got = run_grader(root, a, stop_at_first=False)
+                finally:
+                    for path, text in texts.items():
+                        with open(os.path.join(root, path), 'w', encoding='utf-8') as f:
+                            f.write(text)
+                marker = f"NotImplementedError: {stub_marker(a)}"
+                print(json.dumps({'stubbed': a, 'passed': got.passed, 'failed': got.failed, 'errors': got.errors,
+                                  'all_not_implemented': bool(got.messages) and all(marker in m for m in got.messages)}),
+                      flush=True)
+        tried = caught = 0
+        for a, path, what, old, new in MUTATIONS:
+            if a not in chosen:
+                continue
+            file = os.path.join(root, path)
+            if path not in originals:
+                with open(file, encoding='utf-8') as f:
+                    originals[path] = f.read()
+            text = originals[path]
+            if text.count(old) != 1:
+                sys.exit(f"mutations.py: error: the {a} mutation '{what}' expects its reference text once in {path}, "
+                         f"found it {text.count(old)} times: update MUTATIONS to match the reference code")
+            with open(file, 'w', encoding='utf-8') as f:
+                f.write(text.replace(old, new))
+            try:
+                got = run_grader(root, a)
+            finally:
+                with open(file, 'w', encoding='utf-8') as f:
+                    f.write(text)
+            tried += 1
+            hit = got.failed > 0 and got.errors == 0
+            caught += hit
+            print(json.dumps({'assignment': a, 'mutation': what, 'caught': hit, 'failed': got.failed,
+                              'errors': got.errors, 'first': got.first}), flush=True)
+    print(f"mutation suite: {tried} tried, {caught} caught ({time.time() - start:.0f} s)")
+    return 0 if caught == tried else 1
+
+
+if __name__ == '__main__':
+    sys.exit(main())
