@@ -7,9 +7,9 @@ Signatures and docstrings stay, so the student sees what to write and where.
     python assignments/make_student.py /tmp/student-a1a3 --only a1,a3   # just these; the rest keep the reference
 
 Left out, because they state answers or are for instructors: the project README (replaced by a student README,
-assignments/STUDENT_README.md: set-up, the assignments, how to run; no results), figures/, the answer key and
-mutation suite (assignments/key/), and the project's own test suite (tests/, whose science tests and instructor
-check state results). It runs only from the instructor's repository (a git checkout with the reference code):
+assignments/STUDENT_README.md: set-up, the assignments, how to run; no results), docs/ (the results pages),
+figures/, the answer key and mutation suite (assignments/key/), the autograder builder (assignments/autograder/),
+and the project's own test suite (tests/, whose science tests and instructor check state results). It runs only from the instructor's repository (a git checkout with the reference code):
 from a student copy it would copy the student's code as the reference, so it refuses.
 
 Which functions belong to which assignment is listed in assignments/stubs.py; the bodies are found by
@@ -28,7 +28,7 @@ from stubs import ASSIGNMENTS
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STUDENT_README = os.path.join('assignments', 'STUDENT_README.md')  # written as the copy's README.md
 # never copied: (path prefixes) texts that state answers, instructor material, and the project's test suite
-EXCLUDED = ('README.md', 'figures/', 'assignments/key/', STUDENT_README, 'tests/')
+EXCLUDED = ('README.md', 'docs/', 'figures/', 'assignments/key/', 'assignments/autograder/', STUDENT_README, 'tests/')
 
 
 def excluded(rel):
