@@ -108,6 +108,7 @@ def parse(argv=None):
 
 
 def main(argv=None):
+    """Time one configuration (train.py's flags) on synthetic data, or run the whole suite."""
     mine, args = parse(argv)
     if mine.suite:
         try:
@@ -186,7 +187,7 @@ def suite(json_path):
     print(f"{rt.describe()} | {name} shape: {shape}, V={V:,}", flush=True)
     rows, skipped, t_start = [], [], time.time()
 
-    def add(measure, config, result, goal=''):
+    def add(measure, config, result, goal=''):  # one table row, printed at once so that the wait shows progress
         rows.append({'measure': measure, 'config': config, 'result': result, 'goal': goal})
         print(f"  [{time.time() - t_start:4.0f} s] {measure} | {config} | {result}", flush=True)  # where the time goes
 
@@ -235,7 +236,7 @@ def suite(json_path):
     one_step = lambda: train_step(model, opt, rt, x, y)
 
     @torch.no_grad()
-    def evaluate():
+    def evaluate():  # the evaluation train.py runs: 2K loops, no gradients
         model.eval()
         with rt.autocast:
             model(x, y, n_loop=2 * K)

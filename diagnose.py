@@ -42,10 +42,12 @@ def windows(tokens, T, max_windows=None):
 
 
 def readout_logp(model, h, k):
+    """Loop k's log-probabilities from h_k, in float32 (the entropy and KL scores need them exact)."""
     return F.log_softmax(model.readout_logits(h, k).float(), dim=-1)  # (B, T, V)
 
 
 def rms(h):
+    """The per-token scale s = RMS(h) that the paper's lemma is about."""
     return h.pow(2).mean(-1, keepdim=True).sqrt()  # (..., 1): per-token root mean square
 
 
@@ -67,7 +69,7 @@ def passes(model, x, n_loop, intervene=None):
     under 'normed' recurrence) and what it produced, after intervene if one is given."""
     inputs = []
 
-    def record(k, h_in, h):
+    def record(k, h_in, h):  # keeps what each pass started from, which the loop itself does not hand out
         inputs.append(h_in)
         return h if intervene is None else intervene(k, h_in, h)
     for k, h in model.loops(model.embed(x), n_loop, intervene=record):
@@ -299,10 +301,10 @@ def clamp(mode):
     'freeze' rescales every loop after the first to the per-token norm it started from (so all keep loop 1's);
     'remove_radial' subtracts from each update delta = h_k - h_in its component a * u along u = h_in / RMS(h_in),
     a = mean(u * delta) per token; 'none' changes nothing."""
-    def freeze(k, h_in, h):
+    def freeze(k, h_in, h):  # every pass keeps the scale it started from: the radial part of the update is undone
         return h if k == 1 else h * (h_in.norm(dim=-1, keepdim=True) / h.norm(dim=-1, keepdim=True))
 
-    def remove_radial(k, h_in, h):
+    def remove_radial(k, h_in, h):  # the update loses its component along the state's own direction
         u, a = radial_step(h_in, h)                                   # (B, T, C), (B, T, 1)
         return h - a * u
     return {'none': None, 'freeze': freeze, 'remove_radial': remove_radial}[mode]
@@ -394,6 +396,7 @@ def exit_table_text(rows):
 
 
 def fmt_row(label, values, f='8.3f'):
+    """One fixed-width table row, so that the printed tables line up."""
     return f"{label:>10} " + ' '.join(f"{v:{f}}" for v in values)
 
 
@@ -424,6 +427,7 @@ def flag(text):
 
 
 def main(argv=None):
+    """Check every flag and the checkpoint's data first, then print the chosen tables in order."""
     p = get_parser()
     args = p.parse_args(argv)
     for flag_name, value, least in (('max_windows', args.max_windows, 2), ('diag_windows', args.diag_windows, 1),

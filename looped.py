@@ -27,6 +27,7 @@ loading a checkpoint (LoopedGPT.from_checkpoint) and choosing the device (resolv
 import math
 import os
 import pickle
+import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, asdict
 from typing import Optional
@@ -456,14 +457,15 @@ def load_checkpoint(path, device='cpu'):
     if not os.path.exists(path):
         raise ValueError(f"no checkpoint at {path}")
     try:
-        ckpt = torch.load(path, map_location=device, weights_only=True)
+        with warnings.catch_warnings():  # torch warns about pickle protocols on the way to its own clear error
+            warnings.simplefilter('ignore')
+            ckpt = torch.load(path, map_location=device, weights_only=True)
         missing = {'model', 'config', 'step'} - set(ckpt)
     except pickle.UnpicklingError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ''
-        if 'weights_only' in str(e) or 'Unsupported global' in str(e):
+        if 'GLOBAL ' in str(e) or 'Unsupported global' in str(e):  # names a class: how pickles run code
             raise ValueError(f"checkpoint {path} holds objects other than tensors and plain data; refused, since "
                              "loading it could run code") from None
-        raise ValueError(f"checkpoint {path} is unreadable (truncated or corrupt?): {first[:100]}") from None
+        raise ValueError(f"checkpoint {path} is unreadable (truncated or corrupt?): UnpicklingError") from None
     except Exception as e:
         raise ValueError(f"checkpoint {path} is unreadable (truncated or corrupt?): {type(e).__name__}") from None
     if missing:

@@ -147,8 +147,9 @@ def test_an_unprepared_custom_dataset_gets_a_true_hint(tmp_path):
     with pytest.raises(SystemExit) as e:
         train.main([*TINY, f'--dataset={tmp_path}', f'--out_dir={tmp_path / "out"}'])
     msg = str(e.value.code)
-    assert 'lacks train.bin' in msg and 'data/shakespeare_char/prepare.py' in msg
-    assert os.path.exists(os.path.join(ROOT, 'data', 'shakespeare_char', 'prepare.py'))
+    assert 'lacks train.bin' in msg and 'see data/common.py write_dataset' in msg
+    from data import common
+    assert hasattr(common, 'write_dataset')
 
 
 @pytest.mark.parametrize('module', ['shakespeare_char', 'shakespeare'])
@@ -176,10 +177,13 @@ def test_prepare_on_bad_input_is_one_line_and_keeps_the_old_dataset(module, tmp_
 def test_prepare_that_fails_midway_leaves_the_old_dataset_byte_identical(tmp_path, monkeypatch):
     char_prepare.prepare('abcdefgh' * 20, str(tmp_path))
     before = {n: digest(tmp_path / n) for n in data_pkg.FILES}
+    real = data_pkg.open_new
 
-    def full_disk(*a, **k):  # train.bin and val.bin are written; then the disk fills up
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    monkeypatch.setattr(data_pkg.pickle, 'dump', full_disk)
+    def full_at_meta(path):  # train.bin and val.bin are written; then the disk is full
+        if path.endswith('meta.json.tmp'):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(path)
+    monkeypatch.setattr(data_pkg, 'open_new', full_at_meta)
     with pytest.raises(data_pkg.PrepareError, match='nothing there was changed'):
         char_prepare.prepare('zyxwvuts' * 20, str(tmp_path))
     assert {n: digest(tmp_path / n) for n in before} == before

@@ -225,13 +225,18 @@ def run_grader(root, assignment, stop_at_first=True):
     return outcome
 
 
-def main(argv=None):
+def get_parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.error = lambda msg: sys.exit(f"mutations.py: error: {msg}")
     p.add_argument('--only', default=None, help='comma-separated assignments, e.g. a3,a7')
     p.add_argument('--stubs', action='store_true',
                    help="also strip each assignment as make_student.py does: every test of its grader must fail "
                         "with the assignment's NotImplementedError (no grader passes vacuously)")
+    return p
+
+
+def main(argv=None):
+    p = get_parser()
     args = p.parse_args(argv)
     chosen = sorted({m[0] for m in MUTATIONS})
     if args.only:
