@@ -11,23 +11,37 @@ Train the paper's conditions (finished runs are reused, interrupted ones resumed
 Writes to --fig_dir: fig1_norm_explosion.png (final-loop ||h_K|| against step, log scale),
 fig2_norm_by_loop.png (||h_k|| against loop k at the end), fig3_loss_by_depth.png (validation loss
 against exit depth 1..K and 2K), fig6_crossover.png (validation loss at depth K against step, and each
-condition's gap to per_loop + rmsnorm: claim 4), table.md / table.csv, and from each run's checkpoint the
-timed per-sequence early-exit benchmark (diagnose.exit_benchmark): exit_table.md and fig4_pareto.png
-(perplexity against measured tokens/s; time it on an otherwise idle machine).
+condition's gap to the reference condition, per_loop + rmsnorm unless --reference says otherwise: claim 4),
+table.md / table.csv, and from each run's checkpoint the timed per-sequence early-exit benchmark
+(diagnose.exit_benchmark): exit_table.md and fig4_pareto.png (perplexity against measured tokens/s; time it
+on an otherwise idle machine). Every run is read at its own K (the n_loop in its log header).
+
+Paired differences (table.md's second table, paired.csv, fig6's middle and right panels): runs of one seed
+share their initialization and batches, so each condition is compared with the reference seed by seed (the
+seed in each log header, same settings otherwise, all pairs at one step), and the mean difference gets its
+standard error and a 95% t interval over seeds (n-1 degrees of freedom). The verdict words ("lower than",
+"higher than", "no difference shown" when the interval contains 0) are generated from the intervals.
+
+Ctrl-C during --run passes the interrupt to the running train.py, waits for its checkpoint, and exits 130;
+the same command continues the grid.
 """
 
 import argparse
 import csv
 import glob
+import io
 import json
+import math
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
 
 import numpy as np
 
+from data.common import check_writable, write_atomically
 from looped import LoopedGPT, resolve_device
 from train import CONFIGS
 
@@ -85,7 +99,10 @@ def load_run(folder):
         raise LogError(f"{folder}: no log.jsonl (not a train.py run folder?)")
     try:
         with open(path) as f:
-            lines = [json.loads(line) for line in f if line.strip()]
+            text = f.read()
+        # a run still training may be halfway through appending a line: read up to its last complete one
+        # (train.py's own log repair drops a cut last line the same way)
+        lines = [json.loads(line) for line in text[:text.rfind('\n') + 1].splitlines() if line.strip()]
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise LogError(f"{folder}: log.jsonl is not valid JSON lines ({e})") from None
     if not lines:
@@ -99,7 +116,8 @@ def load_run(folder):
     if not records:
         raise LogError(f"{folder}: log.jsonl has no evaluation yet")
     cfg = head['config']['model']
-    return {'folder': folder, 'name': condition_name(cfg), 'config': head['config'], 'records': records}
+    # K is each run's own: runs of different depths can share one plot
+    return {'folder': folder, 'name': condition_name(cfg), 'config': head['config'], 'records': records, 'K': K}
 
 
 def group_runs(runs):
@@ -121,6 +139,17 @@ def group_runs(runs):
     return {name: groups[name] for name in order if name in groups}
 
 
+def caught_up(groups):
+    """Each condition's runs that reached its furthest evaluation, and a note on each one behind (still training,
+    or stopped early): curves and means over seeds at different steps would mix training lengths."""
+    kept, behind = {}, []
+    for name, runs in groups.items():
+        last = max(run['records'][-1]['step'] for run in runs)
+        kept[name] = [run for run in runs if run['records'][-1]['step'] == last]
+        behind += [progress(run) for run in runs if run['records'][-1]['step'] < last]
+    return kept, behind
+
+
 def series(runs, key, index=None):
     """steps and a (seeds, evals) array of r[key] (or r[key][index]), over the evaluations all seeds have."""
     n = min(len(run['records']) for run in runs)  # a seed still training must not cut the others' curves short
@@ -135,13 +164,146 @@ def mean_std(values):
     return values.mean(axis=0), values.std(axis=0)
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# paired statistics: runs of one seed share their initialization and batches, so a condition is compared with the
+# reference seed by seed, and the spread of those differences over seeds (not the two conditions' own spreads) is
+# what an interval must come from
+
+REFERENCE = 'per_loop + rmsnorm'  # the scale-invariant readout that claim 4's variants are measured against
+LEVEL = 0.95
+# the flags that make a condition; two runs that agree on everything else and share a seed are a pair
+CONDITION_KEYS = ('supervision', 'readout', 'alpha', 'norm_penalty', 'recurrence', 'init')
+
+
+def t_cdf(x, df):
+    """P(T <= x) for Student's t with df degrees of freedom, for t_quantile: Simpson's rule on the density over
+    [0, |x|] (smooth and short, so 20,000 panels are exact far below the digits printed)."""
+    grid = np.linspace(0.0, abs(x), 20001)
+    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+    density = np.exp(log_c - (df + 1) / 2 * np.log1p(grid ** 2 / df))
+    area = (grid[1] - grid[0]) / 3 * (density[0] + density[-1] + 4 * density[1:-1:2].sum() + 2 * density[2:-1:2].sum())
+    return 0.5 + math.copysign(area, x)
+
+
+def t_quantile(p, df):
+    """The p-quantile of Student's t with df degrees of freedom, by bisection on t_cdf: scipy is not a dependency
+    and torch's StudentT has no icdf."""
+    if p < 0.5:
+        return -t_quantile(1 - p, df)
+    lo, hi = 0.0, 1.0
+    while t_cdf(hi, df) < p:  # bracket the quantile first: for df = 1 it is 12.7 at p = 0.975
+        lo, hi = hi, 2 * hi
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
+    return (lo + hi) / 2
+
+
+def paired_stats(diffs, level=LEVEL):
+    """Mean, standard error and two-sided t interval (n - 1 degrees of freedom) of seed-by-seed differences
+    (pairs along axis 0, any depths along axis 1). SE and interval are nan below two pairs: one pair has no spread."""
+    d = np.asarray(diffs, dtype=float)
+    n, mean = len(d), d.mean(axis=0)
+    if n < 2:
+        nan = np.full_like(mean, np.nan)
+        return {'n': n, 'df': 0, 'mean': mean, 'se': nan, 'lo': nan, 'hi': nan, 't': math.nan}
+    se = d.std(axis=0, ddof=1) / math.sqrt(n)  # ddof 1: the sample std that the t distribution is built for
+    t = t_quantile(0.5 + level / 2, n - 1)
+    return {'n': n, 'df': n - 1, 'mean': mean, 'se': se, 'lo': mean - t * se, 'hi': mean + t * se, 't': t}
+
+
+def verdict(lo, hi, reference):
+    """The words for one interval of (condition minus reference) loss; the README quotes these, so no verdict is
+    ever written by hand."""
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return 'no interval (fewer than 2 pairs)'
+    if hi < 0:
+        return f"lower than {reference}"
+    if lo > 0:
+        return f"higher than {reference}"
+    return 'no difference shown'
+
+
+def setting(run):
+    """A run's configuration without its condition, seed and folder: a condition's run and the reference's run of
+    one seed are a pair only where these agree (model size, data, learning rate, evaluations...)."""
+    skip = {'seed', 'out_dir', 'resume', 'overwrite', 'max_iters', 'num_params', 'model', *CONDITION_KEYS}
+    c = {k: v for k, v in run['config'].items() if k not in skip}
+    c['model'] = {k: v for k, v in run['config']['model'].items() if k not in CONDITION_KEYS}
+    return json.dumps(c, sort_keys=True)
+
+
+def at_step(run, step):
+    """The run's evaluation record at step, or None."""
+    return next((r for r in run['records'] if r['step'] == step), None)
+
+
+def progress(run):
+    """'folder at step 800 of 2000': where a run's log ends, for notes on runs left out or still training."""
+    return f"{run['folder']} at step {run['records'][-1]['step']} of {run['config'].get('max_iters')}"
+
+
+def pair_up(groups, reference):
+    """Every other condition's runs matched with the reference's by seed (the seed in each log header) and setting,
+    compared at one step per condition: {condition: {'step', 'K', 'pairs': [(seed, run, reference run)],
+    'left_out': [reason, ...]}}."""
+    refs = {(setting(run), run['config']['seed']): run for runs in groups.values() for run in runs
+            if run['name'] == reference}
+    paired = {}
+    for name, runs in groups.items():
+        if not refs:  # nothing to compare with (plots of other conditions only): no paired table, and no noise
+            break
+        if runs[0]['name'] == reference:
+            continue
+        candidates, left_out = [], []
+        for run in runs:
+            seed = run['config']['seed']
+            ref = refs.get((setting(run), seed))
+            if seed in [c[0] for c in candidates]:  # a copy of a run must not count its seed twice
+                left_out.append(f"seed {seed}: {run['folder']} is a second run of this seed")
+            elif ref is None:
+                left_out.append(f"seed {seed}: no {reference} run of seed {seed} with the same settings as "
+                                f"{run['folder']}")
+            else:  # the last step both have evaluated: a finished run against one still training meets it there
+                candidates.append((seed, run, ref, min(run['records'][-1]['step'], ref['records'][-1]['step'])))
+        if not candidates:
+            paired[name] = {'step': None, 'K': runs[0]['K'], 'pairs': [], 'left_out': left_out}
+            continue
+        # one step per condition, the one most pairs reach (ties: the later): a mean over pairs compared at different
+        # steps would mix training lengths, so a seed that has not got there yet is left out, not cut short
+        steps = [c[3] for c in candidates]
+        step = max(set(steps), key=lambda s: (steps.count(s), s))
+        pairs = []
+        for seed, run, ref, s in sorted(candidates, key=lambda c: c[0]):
+            if s == step and at_step(run, step) and at_step(ref, step):
+                pairs.append((seed, run, ref))
+            else:
+                left_out.append(f"seed {seed}: {progress(run)}, {progress(ref)} (the other pairs are compared at "
+                                f"step {step})")
+        paired[name] = {'step': step, 'K': runs[0]['K'], 'pairs': pairs, 'left_out': left_out}
+    return paired
+
+
+def paired_diffs(entry, step=None):
+    """(pairs, 2K) array: each pair's validation loss at depths 1..2K minus the reference's, at step (default: the
+    condition's comparison step)."""
+    step = entry['step'] if step is None else step
+    return np.array([np.subtract(at_step(run, step)['val_loss'], at_step(ref, step)['val_loss'])
+                     for _, run, ref in entry['pairs']])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# figures and tables
+
 def describe(runs):
-    """'0.55M-parameter looped LM (2 layers x K=4, d=128) on shakespeare_char' for figure titles."""
+    """'0.55M-parameter looped LM (2 layers x K=4, d=128) on shakespeare_char' for figure titles (K=2/3 when the
+    runs differ in depth)."""
     c = runs[0]['config']
     m = c['model']
     n = c.get('num_params')
     size = f"{n / 1e6:.2f}M-parameter " if n else ''
-    return f"{size}looped LM ({m['n_layer']} layers x K={m['n_loop']}, d={m['n_embd']}) on {os.path.basename(c['dataset'])}"
+    Ks = '/'.join(map(str, sorted({run['K'] for run in runs})))
+    return f"{size}looped LM ({m['n_layer']} layers x K={Ks}, d={m['n_embd']}) on {os.path.basename(c['dataset'])}"
 
 
 def finish(fig, ax, path):
@@ -150,37 +312,45 @@ def finish(fig, ax, path):
     ax.grid(True, which='both', alpha=0.3)
     ax.legend(fontsize=8, loc='upper left', bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    fig.savefig(path[:-4] + '.svg')
+    save_figure(fig, path, dpi=130)
+    save_figure(fig, path[:-4] + '.svg')
     plt.close(fig)
     return path
 
 
-def final_curves(ax, groups, key, depths):
-    """One line per condition through the last evaluation's r[key] at the given depths (1-indexed); seeds give
-    error bars."""
+def exit_depths(K):
+    """The depths every figure and table reports: 1..K and 2K (beyond the trained depth)."""
+    return list(range(1, K + 1)) + [2 * K]
+
+
+def final_curves(ax, groups, key, depths_of):
+    """One line per condition through the last evaluation's r[key] at the depths depths_of(K) (1-indexed, K: the
+    condition's own); seeds give error bars."""
     for (name, runs), (color, ls, marker) in zip(groups.items(), STYLES * 2):
+        depths = depths_of(runs[0]['K'])
         mean, std = mean_std([[run['records'][-1][key][d - 1] for d in depths] for run in runs])
         ax.errorbar(depths, mean, yerr=std if len(runs) > 1 else None, color=color, ls=ls, marker=marker, ms=5, label=name)
 
 
-def plot(groups, fig_dir):
-    """The three figures; returns their paths."""
+def plot(groups, fig_dir, paired, reference=REFERENCE):
+    """The figures; returns their paths. Every run is read at its own K."""
     import matplotlib
     matplotlib.use('Agg')  # files only; no display needed
     import matplotlib.pyplot as plt
 
     os.makedirs(fig_dir, exist_ok=True)
-    first = next(iter(groups.values()))
     seeds = sorted({len(runs) for runs in groups.values()})
-    title = describe(first) + f", {'/'.join(map(str, seeds))} seed{'s' * (seeds != [1])} per condition"
+    title = describe([run for runs in groups.values() for run in runs])
+    title += f", {'/'.join(map(str, seeds))} seed{'s' * (seeds != [1])} per condition"
     title += '\n(mean over seeds; band: +- 1 std)' if seeds != [1] else ''
-    K = first[0]['config']['model']['n_loop']
+    Ks = sorted({runs[0]['K'] for runs in groups.values()})
+    style = dict(zip(groups, STYLES * 2))
     paths = []
 
     fig, ax = plt.subplots(figsize=(10, 5))
-    for (name, runs), (color, ls, marker) in zip(groups.items(), STYLES * 2):
-        steps, h = series(runs, 'hidden_norm', K - 1)
+    for name, runs in groups.items():
+        color, ls, marker = style[name]
+        steps, h = series(runs, 'hidden_norm', runs[0]['K'] - 1)
         mean, std = mean_std(h)
         ax.plot(steps, mean, color=color, ls=ls, marker=marker, ms=4, label=name)
         if len(runs) > 1:
@@ -190,22 +360,25 @@ def plot(groups, fig_dir):
     paths.append(finish(fig, ax, os.path.join(fig_dir, 'fig1_norm_explosion.png')))
 
     fig, ax = plt.subplots(figsize=(10, 5))
-    final_curves(ax, groups, 'hidden_norm', list(range(1, 2 * K + 1)))
-    ax.axvline(K, color='grey', lw=0.8)
-    ax.text(K, 0.02, ' trained K', color='grey', va='bottom', fontsize=8, transform=ax.get_xaxis_transform())
+    final_curves(ax, groups, 'hidden_norm', lambda K: list(range(1, 2 * K + 1)))
+    for K in Ks:
+        ax.axvline(K, color='grey', lw=0.8)
+        ax.text(K, 0.02, f" trained K={K}" if len(Ks) > 1 else ' trained K', color='grey', va='bottom', fontsize=8,
+                transform=ax.get_xaxis_transform())
     ax.set(yscale='log', xlabel='loop k (beyond K: extrapolation)', ylabel=r'$\|h_k\|$ at the end of training',
            title=f"Norm by loop at the end of training\n{title}")
     paths.append(finish(fig, ax, os.path.join(fig_dir, 'fig2_norm_by_loop.png')))
 
     fig, ax = plt.subplots(figsize=(10, 5))
-    depths = list(range(1, K + 1)) + [2 * K]
-    final_curves(ax, groups, 'val_loss', depths)
+    final_curves(ax, groups, 'val_loss', exit_depths)
     # untrained exits (terminal supervision, early loops) can sit at tens of nats: keep the frame on the rest
-    at_K = [np.mean([run['records'][-1]['val_loss'][K - 1] for run in runs]) for runs in groups.values()]
-    low = min(min(run['records'][-1]['val_loss'][d - 1] for d in depths) for runs in groups.values() for run in runs)
+    at_K = [np.mean([run['records'][-1]['val_loss'][run['K'] - 1] for run in runs]) for runs in groups.values()]
+    low = min(min(run['records'][-1]['val_loss'][d - 1] for d in exit_depths(run['K']))
+              for runs in groups.values() for run in runs)
     ax.set_ylim(low - 0.05, max(at_K) + 0.5 * (max(at_K) - low) + 0.1)
     ax.set(xlabel='exit depth (loops run before reading out)', ylabel='validation loss (nats per token)',
-           xticks=depths, title=f"Validation loss by exit depth (points above the frame are off the scale)\n{title}")
+           xticks=sorted({d for K in Ks for d in exit_depths(K)}),
+           title=f"Validation loss by exit depth (points above the frame are off the scale)\n{title}")
     paths.append(finish(fig, ax, os.path.join(fig_dir, 'fig3_loss_by_depth.png')))
 
     with_alpha = {name: runs for name, runs in groups.items() if 'alpha' in runs[0]['records'][-1]}
@@ -221,74 +394,179 @@ def plot(groups, fig_dir):
                title=f"The alpha readout's learned exponent\n{title}")
         paths.append(finish(fig, ax, os.path.join(fig_dir, 'fig5_alpha.png')))
 
-    # claim 4: does a scale-controlled variant overtake the scale-invariant readout as training goes on?
-    fig, (left, right) = plt.subplots(1, 2, figsize=(14, 5))
-    base = groups.get('per_loop + rmsnorm')
-    for (name, runs), (color, ls, marker) in zip(groups.items(), STYLES * 2):
-        steps, loss = series(runs, 'val_loss', K - 1)
+    # claim 4: does a scale-controlled variant overtake the scale-invariant readout as training goes on, and is the
+    # difference at the end larger than the seeds' paired spread allows by chance?
+    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(20, 5.5))
+    for name, runs in groups.items():
+        color, ls, marker = style[name]
+        steps, loss = series(runs, 'val_loss', runs[0]['K'] - 1)
         mean, std = mean_std(loss)
         left.plot(steps, mean, color=color, ls=ls, marker=marker, ms=3, label=name)
         if len(runs) > 1:
             left.fill_between(steps, mean - std, mean + std, color=color, alpha=0.15)
-        if base is not None and runs is not base:  # the gap, seed by seed (seed i against the baseline's seed i)
-            b_steps, b_loss = series(base, 'val_loss', K - 1)
-            n = min(len(steps), len(b_steps)) if steps[:len(b_steps)] == b_steps[:len(steps)] else 0
-            m = min(len(loss), len(b_loss))
-            if n:
-                gap = loss[:m, :n] - b_loss[:m, :n]
-                g_mean, g_std = mean_std(gap)
-                right.plot(steps[:n], g_mean, color=color, ls=ls, marker=marker, ms=3, label=name)
-                if m > 1:
-                    right.fill_between(steps[:n], g_mean - g_std, g_mean + g_std, color=color, alpha=0.15)
-    finals = [series(runs, 'val_loss', K - 1)[1][:, -1].mean() for runs in groups.values()]
+    finals = [series(runs, 'val_loss', runs[0]['K'] - 1)[1][:, -1].mean() for runs in groups.values()]
     left.set_ylim(min(finals) - 0.15, max(finals) + 0.6)  # the first evaluations sit far above: keep the end in view
-    left.set(xlabel='training step', ylabel=f'validation loss at depth K={K}', title='validation loss at the trained depth')
-    if base is not None:
-        right.axhline(0, color=STYLES[list(groups).index('per_loop + rmsnorm') % len(STYLES)][0], lw=1.2,
-                      label='per_loop + rmsnorm (the zero line)')
-    right.set_ylim(-0.3, 0.5)
-    right.set(xlabel='training step', ylabel='loss minus per_loop + rmsnorm (below 0: better)',
-              title='gap to the scale-invariant readout (per seed, then mean)')
-    for ax in (left, right):
+    left.set(xlabel='training step', ylabel='validation loss at depth K=' + '/'.join(map(str, Ks)),
+             title='validation loss at the trained depth\n(mean over seeds; band: +- 1 std)')
+    shown = {name: entry for name, entry in paired.items() if entry['pairs']}
+    for name, entry in shown.items():
+        color, ls, marker = style[name]
+        K = entry['K']
+        # the gap against step, pair by pair, over the evaluations every pair has up to the comparison step
+        steps = sorted(set.intersection(*[{r['step'] for r in x['records']} for _, run, ref in entry['pairs']
+                                          for x in (run, ref)]))
+        steps = [s for s in steps if s <= entry['step']]
+        gap = np.stack([paired_diffs(entry, s)[:, K - 1] for s in steps], axis=1)  # (pairs, steps)
+        stats = paired_stats(gap)
+        middle.plot(steps, stats['mean'], color=color, ls=ls, marker=marker, ms=3, label=name)
+        if stats['n'] > 1:
+            middle.fill_between(steps, stats['lo'], stats['hi'], color=color, alpha=0.15)
+        # the gap against depth at the comparison step, with its interval (nudged sideways so the bars do not overlap)
+        stats = paired_stats(paired_diffs(entry))
+        depths = np.arange(1, 2 * K + 1) + 0.06 * (list(shown).index(name) - (len(shown) - 1) / 2)
+        yerr = None if stats['n'] < 2 else [stats['mean'] - stats['lo'], stats['hi'] - stats['mean']]
+        right.errorbar(depths, stats['mean'], yerr=yerr, color=color, ls=ls, marker=marker, ms=4, capsize=2,
+                       label=f"{name} ({stats['n']} pair{'s' * (stats['n'] != 1)}, step {entry['step']})")
+    ref_color = style[reference][0] if reference in style else 'grey'
+    for ax in (middle, right):
+        ax.axhline(0, color=ref_color, lw=1.2, label=f"{reference} (the zero line)")
+    paired_Ks = sorted({entry['K'] for entry in shown.values()})
+    for K in paired_Ks:
+        right.axvline(K, color='grey', lw=0.8, ls=':')
+    if paired_Ks:
+        right.set_xticks(range(1, 2 * max(paired_Ks) + 1))
+    middle.set_ylim(-0.3, 0.5)
+    middle.set(xlabel='training step', ylabel=f'loss minus {reference} (below 0: better)',
+               title=f'gap to {reference} at depth K, paired by seed\n'
+                     f'(mean; band: {LEVEL:.0%} t interval over seeds, n-1 df)')
+    right.set(xlabel='exit depth (dotted: trained K)', ylabel=f'loss minus {reference} (below 0: better)',
+              title=f'paired gap by depth at the comparison step (legend)\n'
+                    f'(mean; bars: {LEVEL:.0%} t interval over seeds, n-1 df)')
+    for ax in (left, middle, right):
         ax.grid(True, alpha=0.3)
-    if right.lines:
+    left.legend(fontsize=7, loc='upper right')
+    if shown:
         right.legend(fontsize=8, loc='upper left', bbox_to_anchor=(1.01, 1))
     else:
-        right.text(0.5, 0.5, 'no per_loop + rmsnorm run to compare with', ha='center', transform=right.transAxes)
-    fig.suptitle(f"Claim 4: does scale control win at matched depth with longer training?\n{title}", fontsize=10)
+        for ax in (middle, right):
+            ax.text(0.5, 0.5, f'no {reference} run to pair with', ha='center', transform=ax.transAxes)
+    # each panel names its own band (std over seeds, or a t interval over pairs): the common title line does not
+    fig.suptitle(f"Claim 4: does scale control win at matched depth with longer training?\n{title.splitlines()[0]}",
+                 fontsize=10)
     fig.tight_layout()
-    fig.savefig(os.path.join(fig_dir, 'fig6_crossover.png'), dpi=130)
+    save_figure(fig, os.path.join(fig_dir, 'fig6_crossover.png'), dpi=130)
     plt.close(fig)
     paths.append(os.path.join(fig_dir, 'fig6_crossover.png'))
     return paths
 
 
-def table(groups, fig_dir):
-    """Per condition: final-depth perplexity and ||h_K|| (mean +- std over seeds), perplexity at depths 1..K
-    and 2K, and the alpha readout's final alpha where there is one."""
-    K = next(iter(groups.values()))[0]['config']['model']['n_loop']
-    depths = list(range(1, K + 1)) + [2 * K]
-    header = ['condition', 'seeds', 'step', 'val ppl (depth K)', '‖h_K‖'] + [f"ppl@{d}" for d in depths] + ['alpha']
+def table(groups, fig_dir, paired, reference=REFERENCE, behind=()):
+    """Per condition: final-depth perplexity and ||h_K|| (mean +- std over seeds), perplexity at depths 1..K and 2K,
+    and the alpha readout's final alpha where there is one; then the paired differences. Returns table.md's text."""
+    # runs of different K share the table: a column for every depth any of them reports, blank where a run has none
+    depths = sorted({d for runs in groups.values() for d in exit_depths(runs[0]['K'])})
+    header = ['condition', 'seeds', 'step', 'K', 'val ppl (depth K)', '‖h_K‖'] + [f"ppl@{d}" for d in depths] + ['alpha']
     pm = lambda v, f: f"{v.mean():{f}}" + (f" +- {v.std():{f}}" if len(v) > 1 else '')
     rows = []
     for name, runs in groups.items():
-        last = [run['records'][-1] for run in runs]
-        ppl = np.exp(np.array([[r['val_loss'][d - 1] for d in depths] for r in last]))  # (seeds, K + 1)
+        K, last = runs[0]['K'], [run['records'][-1] for run in runs]
+        ppl = {d: np.exp([r['val_loss'][d - 1] for r in last]) for d in exit_depths(K)}
         h = np.array([r['hidden_norm'][K - 1] for r in last])
         alpha = pm(np.array([r['alpha'] for r in last]), '.3f') if 'alpha' in last[0] else ''
-        rows.append([name, str(len(runs)), str(min(r['step'] for r in last)), pm(ppl[:, K - 1], '.3f'), pm(h, '.1f')]
-                    + [pm(ppl[:, i], '.2f') for i in range(K + 1)] + [alpha])
-    with open(os.path.join(fig_dir, 'table.csv'), 'w', newline='') as f:
-        csv.writer(f).writerows([header] + rows)
-    return write_markdown(os.path.join(fig_dir, 'table.md'), header, rows)
+        rows.append([name, str(len(runs)), str(min(r['step'] for r in last)), str(K), pm(ppl[K], '.3f'), pm(h, '.1f')]
+                    + [pm(ppl[d], '.2f') if d in ppl else '' for d in depths] + [alpha])
+    write_csv(os.path.join(fig_dir, 'table.csv'), [header] + rows)
+    md = markdown(header, rows)
+    unfinished = [progress(run) for runs in groups.values() for run in runs
+                  if run['records'][-1]['step'] < (run['config'].get('max_iters') or 0)]
+    if behind:
+        md += ('\n\nLeft out of this table and the figures, behind the other seeds of their condition (still '
+               'training, or stopped early): ' + '; '.join(behind))
+    if unfinished:
+        md += ('\n\nNot finished (still training, or stopped early; the table shows their last evaluation): '
+               + '; '.join(unfinished))
+    md += '\n\n' + paired_table(paired, reference, fig_dir)
+    write_text(os.path.join(fig_dir, 'table.md'), md + '\n')
+    return md
+
+
+def paired_table(paired, reference, fig_dir):
+    """The paired differences to the reference as markdown (returned) and paired.csv: at depth K with the verdict,
+    and at every depth 1..2K."""
+    fmt = lambda v: f"{round(v, 4) + 0.0:+.4f}"  # + 0.0: no '-0.0000' for a difference that rounds to zero
+    lines = [f"Paired differences to {reference}: validation loss (nats) minus {reference}'s, seed by seed (runs "
+             "paired by the seed in their log header, with the same settings, compared at one step), then the mean, "
+             f"its standard error (sample std / sqrt(n)) and a {LEVEL:.0%} t interval over seeds with n-1 degrees of "
+             "freedom. An interval that contains 0: no difference shown."]
+    if not paired:
+        if os.path.exists(os.path.join(fig_dir, 'paired.csv')):  # an earlier plot's: it does not describe these runs
+            os.remove(os.path.join(fig_dir, 'paired.csv'))
+        return lines[0] + f"\n\nNo paired differences: these runs hold no {reference} run, or no other condition."
+    max_K = max(entry['K'] for entry in paired.values())
+    header = ['condition', 'pairs', 'seeds', 'step', 'diff at depth K', 'SE', f'{LEVEL:.0%} t interval', 'df',
+              'verdict at depth K'] + [f"depth {d}" for d in range(1, 2 * max_K + 1)]
+    if len({entry['K'] for entry in paired.values()}) == 1:  # one K: mark its columns
+        header[8 + max_K] += ' (K)'
+        header[8 + 2 * max_K] += ' (2K)'
+    rows, csv_rows, notes = [], [], []
+    for name, entry in paired.items():
+        notes += [f"{name}, left out: {reason}" for reason in entry['left_out']]
+        if not entry['pairs']:
+            rows.append([name, '0', '', '', '', '', '', '', f"no pairs with {reference}"] + [''] * (2 * max_K))
+            continue
+        K, stats = entry['K'], paired_stats(paired_diffs(entry))
+        seeds = ' '.join(str(seed) for seed, _, _ in entry['pairs'])
+        total = entry['pairs'][0][1]['config'].get('max_iters')
+        step = f"{entry['step']}" + (f" of {total}" if total and entry['step'] < total else '')
+        interval = lambda i: f"[{fmt(stats['lo'][i])}, {fmt(stats['hi'][i])}]" if stats['n'] > 1 else 'n/a'
+        cells = []
+        for i in range(2 * K):  # every depth: the mean, its interval, and the verdict's first word where it is one
+            words = verdict(stats['lo'][i], stats['hi'][i], reference)
+            mark = {'lower': ' lower', 'higher': ' higher'}.get(words.split()[0], '')
+            cells.append(fmt(stats['mean'][i]) + (f" {interval(i)}{mark}" if stats['n'] > 1 else ''))
+            csv_rows.append([name, reference, i + 1, i + 1 == K, stats['n'], seeds, entry['step'], stats['mean'][i],
+                             stats['se'][i], stats['lo'][i], stats['hi'][i], stats['df'], stats['t'], words])
+        rows.append([name, str(stats['n']), seeds, step, fmt(stats['mean'][K - 1]),
+                     f"{stats['se'][K - 1]:.4f}" if stats['n'] > 1 else 'n/a', interval(K - 1),
+                     str(stats['df']) if stats['n'] > 1 else 'n/a',
+                     verdict(stats['lo'][K - 1], stats['hi'][K - 1], reference)]
+                    + cells + [''] * (2 * (max_K - K)))
+    write_csv(os.path.join(fig_dir, 'paired.csv'), [['condition', 'reference', 'depth', 'is_K', 'pairs', 'seeds', 'step',
+                                                     'mean_diff', 'se', 'lo', 'hi', 'df', 't', 'verdict']] + csv_rows)
+    lines.append(markdown(header, rows))
+    if notes:
+        lines.append('\n'.join(f"- {note}" for note in notes))
+    return '\n\n'.join(lines)
+
+
+def write_text(path, text):
+    """Write a table through a fresh temporary file (a link planted at path is replaced, never followed)."""
+    write_atomically(path, lambda f: f.write(text.encode('utf-8')))
+
+
+def write_csv(path, rows):
+    """A CSV table, written the same way."""
+    buf = io.StringIO()
+    csv.writer(buf).writerows(rows)
+    write_text(path, buf.getvalue())
+
+
+def save_figure(fig, path, **kwargs):
+    """fig.savefig through a fresh temporary file, in the format the name says (png, svg)."""
+    write_atomically(path, lambda f: fig.savefig(f, format=path.rsplit('.', 1)[-1], **kwargs))
+
+
+def markdown(header, rows):
+    """A markdown table's text."""
+    lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)] + ['| ' + ' | '.join(r) + ' |' for r in rows]
+    return '\n'.join(lines)
 
 
 def write_markdown(path, header, rows):
     """A markdown table to path; returns its text."""
-    md = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)] + ['| ' + ' | '.join(r) + ' |' for r in rows]
-    with open(path, 'w') as f:
-        f.write('\n'.join(md) + '\n')
-    return '\n'.join(md)
+    md = markdown(header, rows)
+    write_text(path, md + '\n')
+    return md
 
 
 def exit_results(groups, max_windows):
@@ -355,18 +633,50 @@ def plot_pareto(results, fig_dir, title):
                  fontsize=10)
     fig.tight_layout()
     path = os.path.join(fig_dir, 'fig4_pareto.png')
-    fig.savefig(path, dpi=130)
+    save_figure(fig, path, dpi=130)
     plt.close(fig)
     return path
 
 
-def run_grid(config, seeds, out_root, extra):
-    """Train every condition for every seed, one after another; reuse finished runs, resume interrupted ones."""
+def slug(name):
+    """'per_loop + rmsnorm + penalty' -> 'per_loop-rmsnorm-penalty': a condition's folder name and --conditions value."""
+    return name.replace(' + ', '-')
+
+
+def run_child(cmd):
+    """Run one train.py to its end and return (exit code, its output, the signals received meanwhile). Ctrl-C and
+    SIGTERM are passed on to the child, which saves a checkpoint and exits; plot_norms waits for that save."""
+    received, pending, proc = [], [], None
+
+    def forward(signum, frame):
+        received.append(signum)
+        if proc is None:
+            pending.append(signum)
+        else:  # a second Ctrl-C is passed on as well: train.py takes it as "abort now"
+            proc.send_signal(signum)
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        # its own process group: a Ctrl-C in the terminal reaches only plot_norms, which passes it on once (the
+        # child would take a second copy of the same keypress as "abort")
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, process_group=0)
+        while pending:  # one that landed while the child was being started
+            proc.send_signal(pending.pop(0))
+        output = proc.stdout.read()  # interrupted reads resume after forward() (PEP 475)
+        return proc.wait(), output, received
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def run_grid(config, seeds, out_root, extra, names=None):
+    """Train every condition for every seed, one after another; reuse finished runs, resume interrupted ones.
+    Seed by seed: whatever is finished when the grid is stopped is a complete set of pairs."""
     folders, t0 = [], time.time()
-    names = GRID_CONDITIONS.get(config, list(CONDITIONS))
+    names = names or GRID_CONDITIONS.get(config, list(CONDITIONS))
     jobs = [(name, CONDITIONS[name], seed) for seed in seeds for name in names]
     for i, (name, flags, seed) in enumerate(jobs):
-        folder = os.path.join(out_root, config, name.replace(' + ', '-') + f"-seed{seed}")
+        folder = os.path.join(out_root, config, slug(name) + f"-seed{seed}")
         folders.append(folder)
         cmd = [sys.executable, os.path.join(HERE, 'train.py'), f'--config={config}', *GRID_FLAGS.get(config, []),
                *flags, f'--seed={seed}', f'--out_dir={folder}', *extra]
@@ -388,12 +698,16 @@ def run_grid(config, seeds, out_root, extra):
         eta = '' if i == 0 else f", ETA {(time.time() - t0) / i * (len(jobs) - i) / 60:.0f} min"
         print(f"[{i + 1}/{len(jobs)}] {folder}: training ({state}{eta})", flush=True)
         # one process per run: each starts from a clean torch state, and a crash names its condition
-        result = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        returncode, output, signals = run_child(cmd)
         if os.path.isdir(folder):  # keep train.py's own output beside its log
             with open(os.path.join(folder, 'train.out'), 'a') as f:
-                f.write(result.stdout)
-        if result.returncode != 0:
-            last = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else 'no output'
+                f.write(output)
+        last = output.strip().splitlines()[-1] if output.strip() else 'no output'
+        if signals:  # the child has saved (or was aborted by a second Ctrl-C): stop the grid, in one line
+            print(f"plot_norms.py: interrupted during {name} (seed {seed}): {last}; rerun the same command to "
+                  "continue the grid", file=sys.stderr)
+            sys.exit(128 + signals[0])
+        if returncode != 0:
             sys.exit(f"plot_norms.py: error: the run for {name} (seed {seed}) failed: {last}")
     print(f"grid done in {(time.time() - t0) / 60:.1f} min")
     return folders
@@ -406,12 +720,18 @@ def get_parser():
     p.add_argument('--run', action='store_true', help='train the grid of conditions first (reusing finished runs)')
     p.add_argument('--config', default='laptop', choices=list(CONFIGS), help='train.py configuration for --run')
     p.add_argument('--seeds', type=int, default=1, help='seeds per condition for --run (seeds 1..N)')
+    p.add_argument('--conditions', default=None,
+                   help='--run: comma-separated conditions to train (default: the configuration\'s grid), by folder '
+                        'name: ' + ', '.join(map(slug, CONDITIONS)))
     p.add_argument('--out_root', default='out/grid', help='where --run puts its run folders')
     p.add_argument('--fig_dir', default=None, help='where figures and tables go (default: figures/<config> with '
                                                    '--run, else figures)')
     p.add_argument('--exit_windows', type=int, default=200,
                    help='validation windows for the timed early-exit benchmark, half to calibrate and half to '
                         'measure (0: none); needs each run\'s ckpt.pt')
+    p.add_argument('--reference', default=None,
+                   help=f"the condition every other is paired with, seed by seed, by folder name or condition name "
+                        f"(default: {slug(REFERENCE)} when there are such runs)")
     p.add_argument('--train_args', default='', help="extra train.py flags for --run, e.g. '--max_iters=100'")
     return p
 
@@ -423,10 +743,26 @@ def main(argv=None):
         p.error(f"--seeds={args.seeds} must be at least 1")
     if not args.run and not args.runs:
         p.error("name run folders to plot, or pass --run to train the grid")
+    try:
+        train_args = shlex.split(args.train_args)
+    except ValueError as e:  # an unclosed quote, say
+        p.error(f"--train_args={args.train_args!r}: {e}")
+    fig_dir = args.fig_dir or (os.path.join('figures', args.config) if args.run else 'figures')
+    try:  # before the grid's hours and the benchmark's minutes, not after them
+        check_writable(os.path.join(fig_dir, 'table.md'))
+    except ValueError as e:
+        p.error(f"--fig_dir: {e}")
+    names = None
+    if args.conditions is not None:
+        by_slug = {slug(n): n for n in CONDITIONS}
+        unknown = [c for c in args.conditions.split(',') if c not in by_slug]
+        if unknown:
+            p.error(f"--conditions: unknown {', '.join(unknown)}; choose from {', '.join(by_slug)}")
+        names = [by_slug[c] for c in args.conditions.split(',')]
 
     folders = []
     if args.run:
-        folders = run_grid(args.config, range(1, args.seeds + 1), args.out_root, shlex.split(args.train_args))
+        folders = run_grid(args.config, range(1, args.seeds + 1), args.out_root, train_args, names)
     for pattern in args.runs:  # quoted globs are expanded here, so they work the same on every shell
         matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
         if not matches:
@@ -437,7 +773,18 @@ def main(argv=None):
     except LogError as e:
         sys.exit(f"plot_norms.py: error: {e}")
     groups = group_runs(runs)
-    fig_dir = args.fig_dir or (os.path.join('figures', args.config) if args.run else 'figures')
+    reference = REFERENCE
+    if args.reference is not None:
+        known = {run['name'] for run in runs}
+        reference = next((n for n in known if args.reference in (n, slug(n))), None)
+        if reference is None:
+            p.error(f"--reference={args.reference}: no such condition among the runs; they hold "
+                    + ', '.join(sorted(map(slug, known))))
+    paired = pair_up(groups, reference)  # from every run: pair_up picks its own step per condition
+    groups, behind = caught_up(groups)
+    if behind:
+        print("left out of the figures and the first table, behind the other seeds of their condition: "
+              + '; '.join(behind))
     exits = None
     if args.exit_windows > 0:  # before any figure is written: a bad checkpoint stops everything, in one line
         if all(os.path.exists(os.path.join(run['folder'], 'ckpt.pt')) for run in runs):
@@ -448,14 +795,18 @@ def main(argv=None):
                 sys.exit(f"plot_norms.py: error: no early-exit benchmark: {e}")
         else:
             print("no early-exit benchmark: some runs have no ckpt.pt")
-    for path in plot(groups, fig_dir):
+    for path in plot(groups, fig_dir, paired, reference):
         print(f"wrote {path}")
-    print(table(groups, fig_dir))
-    print(f"wrote {os.path.join(fig_dir, 'table.md')} and table.csv")
+    print(table(groups, fig_dir, paired, reference, behind))
+    print(f"wrote {os.path.join(fig_dir, 'table.md')}, table.csv" + (' and paired.csv' if paired else ''))
     if exits is not None:
         print(exit_table(exits, fig_dir))
-        print(f"wrote {os.path.join(fig_dir, 'exit_table.md')} and {plot_pareto(exits, fig_dir, describe(next(iter(groups.values()))))}")
+        print(f"wrote {os.path.join(fig_dir, 'exit_table.md')} and {plot_pareto(exits, fig_dir, describe(runs))}")
 
 
 if __name__ == '__main__':
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # outside a training run (reading logs, drawing): nothing to save, and no traceback
+        print("plot_norms.py: interrupted", file=sys.stderr)
+        sys.exit(130)

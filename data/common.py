@@ -73,14 +73,21 @@ def check_writable(path):
     cannot take a new file (so the error comes first, not after the work)."""
     if os.path.isdir(path):
         raise ValueError(f"{path} is a folder; give a file name (for example {os.path.join(path, 'out.png')})")
-    folder = os.path.dirname(path) or '.'
+    missing, folder = [], os.path.abspath(os.path.dirname(path) or '.')
+    while not os.path.exists(folder):  # folders the probe creates, removed again: a check leaves nothing behind
+        missing.append(folder)
+        folder = os.path.dirname(folder)
     try:
-        os.makedirs(folder, exist_ok=True)
+        os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
         with open_new(path + '.probe'):
             pass
         os.remove(path + '.probe')
     except OSError as e:
         raise ValueError(f"cannot write {path} ({e.strerror or e})") from None
+    finally:
+        for created in missing:  # deepest first
+            if os.path.isdir(created) and not os.listdir(created):
+                os.rmdir(created)
 
 
 def _fetch(url, path, timeout):
