@@ -197,6 +197,22 @@ def test_cli_prints_every_table(small_data, tmp_path, capsys):
                     '| entropy | q0.5', 'scale sensitivity', 'radial gradient fraction',
                     'per-loop update', 'radial clamps', 'lemma check over 30 loops'):
         assert heading in out
+    # the numbers, not only the headings: the perplexity row against the model's own forward on the same windows,
+    # and the lemma table's first scale against the RMS of pass 1's output on the scale windows
+    from looped import LoopedGPT
+    model, ckpt = LoopedGPT.from_checkpoint(str(tmp_path))
+    tokens, K = diagnose.val_tokens(ckpt), model.config.n_loop
+    x, y = diagnose.windows(tokens, model.config.block_size, 20)
+    with torch.no_grad():
+        expected = np.exp(model(x, y, n_loop=2 * K)[2]['ce'].numpy())
+    row = next(line for line in out.splitlines() if line.strip().startswith('ppl'))
+    assert np.allclose([float(v) for v in row.split()[1:]], expected, atol=2e-3), (row, expected)
+    xd, _ = diagnose.windows(tokens, model.config.block_size, 4)
+    with torch.no_grad():
+        s1 = next(iter(model.loops(model.embed(xd), 1)))[1].pow(2).mean(-1).sqrt().mean().item()
+    lemma = out[out.index('lemma check over 30 loops'):].splitlines()
+    loop1 = next(line for line in lemma if line.strip().startswith('loop 1 '))
+    assert float(loop1.split()[2]) == pytest.approx(s1, abs=2e-3), (loop1, s1)
     assert (tmp_path / 'lemma.png').stat().st_size > 0
     with pytest.raises(SystemExit, match='no checkpoint'):
         diagnose.main(['--out_dir', str(tmp_path / 'nothing')])

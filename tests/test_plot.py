@@ -39,8 +39,23 @@ def test_figures_and_table_from_two_runs(two_runs, tmp_path, capsys):
     assert float(raw_row[5]) == pytest.approx(log[-1]['hidden_norm'][1], abs=0.06)  # ||h_K|| (K = 2) from the log
     exits = (tmp_path / 'exit_table.md').read_text().splitlines()
     assert len(exits) == 4 and 'max_prob loops' in exits[0] and 'entropy tok/s' in exits[0]
-    cells = exits[2].split('|')
-    assert 1 <= float(cells[4]) <= 2 and float(cells[3].replace(',', '')) > 0  # K = 2 in these runs; a measured speed
+    # the raw run's row, recomputed from its checkpoint: the plain depth-K perplexity on the measuring half of the
+    # windows, and the loops and perplexity of max_prob's threshold calibrated on the other half
+    import diagnose
+    from looped import LoopedGPT
+    model, ckpt = LoopedGPT.from_checkpoint(str(two_runs / 'raw'))
+    x, y = diagnose.windows(diagnose.val_tokens(ckpt), model.config.block_size, 200)
+    (xa, ya), (xb, yb) = diagnose.split_halves(x, y)
+    K = model.config.n_loop
+    with torch.no_grad():
+        plain = math.exp(model(xb, yb)[2]['ce'][K - 1].item())
+    ce_a, scores_a = diagnose.sequence_depth_stats(model, xa, ya, K)
+    ce_b, scores_b = diagnose.sequence_depth_stats(model, xb, yb, K)
+    loops, ppl = diagnose.sequence_exit(ce_b, scores_b['max_prob'], diagnose.calibrate_sequence_exit(ce_a, scores_a['max_prob'], K), K)
+    cells = next(r for r in exits if r.startswith('| per_loop + raw')).split('|')
+    assert float(cells[2]) == pytest.approx(plain, rel=1e-4)  # an untrained model: perplexities far above 1
+    assert float(cells[4]) == pytest.approx(loops, abs=6e-3) and float(cells[5]) == pytest.approx(ppl, rel=1e-4)
+    assert float(cells[3].replace(',', '')) > 0  # a measured speed
 
 
 def test_a_corrupt_checkpoint_stops_plot_norms_before_any_figure(two_runs, tmp_path):
