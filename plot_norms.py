@@ -159,7 +159,8 @@ def series(runs, key, index=None):
 
 
 def mean_std(values):
-    # std over seeds (population, ddof 0): with 3 seeds it describes the spread seen, it is no confidence interval
+    """Mean and spread over seeds, for the first table and the bands; the paired table is where intervals are."""
+    # std over seeds (population, ddof 0): it describes the spread seen, it is no confidence interval
     values = np.asarray(values, dtype=float)
     return values.mean(axis=0), values.std(axis=0)
 
@@ -648,7 +649,7 @@ def run_child(cmd):
     SIGTERM are passed on to the child, which saves a checkpoint and exits; plot_norms waits for that save."""
     received, pending, proc = [], [], None
 
-    def forward(signum, frame):
+    def forward(signum, frame):  # the child saves on this signal; plot_norms waits for it instead of dying first
         received.append(signum)
         if proc is None:
             pending.append(signum)
@@ -737,6 +738,7 @@ def get_parser():
 
 
 def main(argv=None):
+    """Check the flags and the destination, train the grid if asked, read every log, then draw and tabulate."""
     p = get_parser()
     args = p.parse_args(argv)
     if args.seeds < 1:
