@@ -33,7 +33,7 @@ import time
 
 import torch
 
-from data.common import open_new
+from data.common import write_atomically
 from looped import LoopedConfig, load_checkpoint
 
 FILES = ('log.jsonl', 'ckpt.pt', 'run.lock')
@@ -135,9 +135,7 @@ class Run:
 
     def _write_lines(self, path, lines):
         """Replace path by these lines, atomically, through a fresh temporary file."""
-        with open_new(path + '.tmp') as f:
-            f.write(b''.join(line + b'\n' for line in lines))
-        os.replace(path + '.tmp', path)
+        write_atomically(path, lambda f: f.write(b''.join(line + b'\n' for line in lines)))
 
     def log(self, record):
         """One JSON line onto the log (which start() created or checked, so it is a plain file of this run)."""
@@ -150,16 +148,11 @@ class Run:
 
     def save(self, state, step):
         """Write the checkpoint beside the old one, then rename it over it."""
-        tmp = self.ckpt_path + '.tmp'
-        try:
-            with open_new(tmp) as f:  # a file object: a full disk is an OSError (ENOSPC), not torch's RuntimeError
-                torch.save({**state, 'run_id': self.run_id}, f)
-            os.replace(tmp, self.ckpt_path)
-        except (OSError, RuntimeError) as e:
-            if os.path.lexists(tmp):
-                os.remove(tmp)
+        try:  # to a file object: a full disk is then an OSError (ENOSPC), not torch's opaque RuntimeError
+            write_atomically(self.ckpt_path, lambda f: torch.save({**state, 'run_id': self.run_id}, f))
+        except (OSError, RuntimeError) as e:  # write_atomically has removed its partial .tmp
             kept = 'the previous checkpoint is kept' if os.path.exists(self.ckpt_path) else 'no checkpoint was saved before'
-            raise RunError(f"could not save {self.ckpt_path} at step {step} ({write_failure(e, tmp)}); {kept}") from None
+            raise RunError(f"could not save {self.ckpt_path} at step {step} ({write_failure(e, self.ckpt_path)}); {kept}") from None
 
     def _repair_log(self, ckpt):
         """Make log.jsonl agree with the checkpoint a run resumes from: the log must belong to the same run (the

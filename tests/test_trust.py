@@ -301,11 +301,10 @@ def test_a_real_full_disk_names_its_cause(tmp_path, monkeypatch):
     full = lambda path: open('/dev/full', 'wb')
     run = runs.Run(str(tmp_path / 'run'))
     run.start(False, False, None, {'config': {}})
-    monkeypatch.setattr(runs, 'open_new', full)
+    monkeypatch.setattr(common, 'open_new', full)
     with pytest.raises(runs.RunError, match=r'\(No space left on device\); no checkpoint was saved before'):
         run.save({'model': {'w': torch.zeros(100_000)}}, step=1)
     run.close()
-    monkeypatch.setattr(common, 'open_new', full)
     with pytest.raises(common.PrepareError, match=r'\(No space left on device\); nothing there was changed'):
         char_prepare.prepare('abcdefgh' * 20, str(tmp_path / 'data'))
     assert os.listdir(tmp_path / 'data') == []
