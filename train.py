@@ -37,10 +37,12 @@ from looped import (LoopedConfig, LoopedGPT, READOUTS, RECURRENCES, SUPERVISIONS
 CONFIGS = {
     'laptop': dict(n_layer=2, n_embd=128, n_head=4, n_loop=4, block_size=128, batch_size=16, dropout=0.0,
                    max_iters=500, eval_interval=100, eval_iters=8, log_interval=20, learning_rate=3e-3),
-    # Claim 4 on a laptop (plot_norms.py --run --config=laptop_long --seeds=3): a narrower model, so that a 2-core
-    # CPU gets through 2000 steps (4M tokens) in about 4 minutes a run, and evaluations close enough to see curves cross
+    # Claim 4 on a laptop (plot_norms.py --run --config=laptop_long --seeds=8): a narrow model, so that a 2-core CPU
+    # gets through 2000 steps in about 4 minutes a run; laptop_deep asks the same of a deeper, wider stack (13 min)
     'laptop_long': dict(n_layer=2, n_embd=64, n_head=4, n_loop=4, block_size=128, batch_size=16, dropout=0.0,
                         max_iters=2000, eval_interval=100, eval_iters=4, log_interval=100, learning_rate=3e-3),
+    'laptop_deep': dict(n_layer=4, n_embd=128, n_head=4, n_loop=4, block_size=128, batch_size=16, dropout=0.0,
+                        max_iters=1500, eval_interval=100, eval_iters=4, log_interval=100, learning_rate=1e-3),
     'gpu_char': dict(n_layer=4, n_embd=256, n_head=4, n_loop=4, block_size=256, batch_size=32, dropout=0.1,
                      max_iters=3000, eval_interval=250, eval_iters=20, log_interval=50, learning_rate=3e-4),
     # The authors' recipe: the whole stack looped K=4 times, SwiGLU, tied embeddings, dropout 0.1, AdamW 3e-4
@@ -108,15 +110,13 @@ def get_parser():
                         "train.bin, val.bin and meta.json")
     p.add_argument('--out_dir', default=None, help='default: out/<config>, plus every variant flag that is not at its '
                                                    'default: out/laptop-raw, out/laptop-terminal-pen0.01, ...')
-    p.add_argument('--resume', type=str2bool, nargs='?', const=True, default=False,
-                   help="continue the run in out_dir from its ckpt.pt")
+    p.add_argument('--resume', type=str2bool, nargs='?', const=True, default=False, help='continue the run in out_dir')
     p.add_argument('--overwrite', type=str2bool, nargs='?', const=True, default=False,
                    help='start afresh even if out_dir already holds a run (its ckpt.pt and log.jsonl are replaced)')
     # system
     p.add_argument('--device', default='auto', help='auto, cpu, cuda, cuda:N or mps')
     p.add_argument('--dtype', default='auto', choices=['auto', 'float32', 'bfloat16'], help='auto: bf16 on CUDA')
-    p.add_argument('--compile', type=lambda s: 'auto' if s == 'auto' else str2bool(s), default='auto',
-                   help='auto: on for CUDA')
+    p.add_argument('--compile', type=lambda s: 'auto' if s == 'auto' else str2bool(s), default='auto', help='auto: on for CUDA')
     p.add_argument('--seed', type=int, default=1337, help='initialization, dropout and batch order')
     return p
 
