@@ -674,7 +674,7 @@ def run_child(cmd):
 def run_grid(config, seeds, out_root, extra, names=None):
     """Train every condition for every seed, one after another; reuse finished runs, resume interrupted ones.
     Seed by seed: whatever is finished when the grid is stopped is a complete set of pairs."""
-    folders, t0 = [], time.time()
+    folders, t0, trained, train_s = [], time.time(), 0, 0.0
     names = names or GRID_CONDITIONS.get(config, list(CONDITIONS))
     jobs = [(name, CONDITIONS[name], seed) for seed in seeds for name in names]
     for i, (name, flags, seed) in enumerate(jobs):
@@ -697,10 +697,13 @@ def run_grid(config, seeds, out_root, extra, names=None):
             state = 'resumed'
         elif os.path.exists(os.path.join(folder, 'log.jsonl')):
             cmd.append('--overwrite')  # a log with no checkpoint: the run died before its first save
-        eta = '' if i == 0 else f", ETA {(time.time() - t0) / i * (len(jobs) - i) / 60:.0f} min"
+        # from the runs this command trained (reused ones take no time and would make the ETA 0)
+        eta = f", ETA {train_s / trained * (len(jobs) - i) / 60:.0f} min" if trained else ''
         print(f"[{i + 1}/{len(jobs)}] {folder}: training ({state}{eta})", flush=True)
         # one process per run: each starts from a clean torch state, and a crash names its condition
+        started = time.time()
         returncode, output, signals = run_child(cmd)
+        trained, train_s = trained + 1, train_s + time.time() - started
         if os.path.isdir(folder):  # keep train.py's own output beside its log
             with open(os.path.join(folder, 'train.out'), 'a') as f:
                 f.write(output)

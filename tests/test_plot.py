@@ -4,6 +4,7 @@ import csv
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -101,6 +102,11 @@ def test_grid_runs_then_reuses(small_data, tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert out.count('finished earlier, reused') == 2 and 'terminal + rmsnorm' in out
     assert sorted(os.listdir(tmp_path / 'grid' / 'laptop')) == ['per_loop-raw-seed1', 'terminal-rmsnorm-seed1']
+    # a second seed after two reused runs: no ETA before anything was trained (reused runs took no time), then one
+    plot_norms.main(argv + ['--seeds=2'])
+    lines = [line for line in capsys.readouterr().out.splitlines() if 'training (' in line]
+    assert len(lines) == 2 and lines[0].endswith('per_loop-raw-seed2: training (new)'), lines
+    assert re.search(r'terminal-rmsnorm-seed2: training \(new, ETA \d+ min\)$', lines[1]), lines
 
 
 # ---------------------------------------------------------------------------------------------------------------------
