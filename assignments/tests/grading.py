@@ -33,6 +33,16 @@ def max_error(got, expected):
     return diff.max().item(), (diff / expected.abs().clamp_min(1e-300)).max().item()
 
 
+def distinct(a, b):
+    """a and b as strings with just enough significant digits (4 to 17) to tell them apart, so that a failure
+    never reads "got -1.25591 where -1.25591 is expected"."""
+    for digits in range(4, 18):
+        sa, sb = f"{a:.{digits}g}", f"{b:.{digits}g}"
+        if sa != sb:
+            return sa, sb
+    return repr(a), repr(b)
+
+
 def check_close(got, expected, what, rtol=1e-5, atol=1e-6, hint=''):
     """Fail with one readable sentence (the largest error, never the tensors) unless got matches expected
     elementwise within atol + rtol * |expected|; shapes and dtypes are checked first."""
@@ -46,10 +56,10 @@ def check_close(got, expected, what, rtol=1e-5, atol=1e-6, hint=''):
     if not (diff <= limit).all():
         i = (diff - limit).argmax()
         a, r = max_error(got, expected)
+        g, e = distinct(got.detach().flatten()[i].item(), expected.detach().flatten()[i].item())
         raise AssertionError(
             f"{what}: off by up to {a:.3g} (relative {r:.3g}); allowed atol={atol:g} + rtol={rtol:g}; e.g. got "
-            f"{got.detach().flatten()[i].item():.6g} where {expected.detach().flatten()[i].item():.6g} is expected. "
-            f"{hint}".rstrip())
+            f"{g} where {e} is expected. {hint}".rstrip())
 
 
 def corpus_text():

@@ -117,12 +117,30 @@ def test_intervene_changes_what_is_yielded_and_carried(recurrence):
                     hint="intervene's result replaces h_k also for the next pass, not only in what is yielded.")
 
 
-def test_gradients_flow_through_every_pass():
-    model = tiny(recurrence='normed')
+@pytest.mark.parametrize('recurrence', ['residual', 'normed'])
+def test_gradients_flow_through_the_carried_state(recurrence):
+    """The gradient of h_3 with respect to h_0 (and, under normed recurrence, the inter-loop norm's gain) against
+    the same three passes unrolled by hand. A carried state that is detached anywhere, in either recurrence,
+    fails here: the loss would still be right, and only the gradient tells."""
+    model = tiny(recurrence=recurrence)
+    torch.manual_seed(3)
     h0 = torch.randn(2, 5, 32, requires_grad=True)
+    w = torch.randn(2, 5, 32)  # a fixed direction, so that every coordinate of h_3 counts differently
+    wrt = [h0] + ([model.inter_norm.weight] if recurrence == 'normed' else [])
     *_, (_, h_last) = model.loops(h0, 3)
-    h_last.pow(2).sum().backward()
-    assert h0.grad is not None and h0.grad.abs().sum().item() > 0, \
-        "no gradient reaches h_0 from h_3: something in loops detaches the state (.detach(), torch.no_grad, .data)"
-    assert model.inter_norm.weight.grad is not None and model.inter_norm.weight.grad.abs().sum().item() > 0, \
-        "the inter-loop norm's gain gets no gradient: the norm must be applied to the carried state inside the graph"
+    got = torch.autograd.grad((h_last * w).sum(), wrt, allow_unused=True)
+    h = h0
+    for k in (1, 2, 3):  # the recurrence by hand: pass, then (normed only) the inter-loop norm before the next pass
+        h = model.loop_step(h)
+        if k < 3 and recurrence == 'normed':
+            h = model.inter_norm(h)
+    expected = torch.autograd.grad((h * w).sum(), wrt)
+    names = ['h_0', "the inter-loop norm's gain"]
+    for name, g, e in zip(names, got, expected):
+        assert g is not None and g.abs().sum().item() > 0, (
+            f"{recurrence} recurrence: no gradient reaches {name} from h_3. Something in loops cuts the carried "
+            f"state out of the graph (.detach(), .data, torch.no_grad, a copy through .item() or numpy): the next "
+            f"pass must start from h_k itself{' through self.inter_norm' if recurrence == 'normed' else ''}.")
+        check_close(g, e, f"{recurrence} recurrence: d h_3 / d {name} against the three passes unrolled by hand",
+                    rtol=1e-4, atol=1e-6, hint="Part of the carried state is detached, or a pass starts from "
+                    "something other than the state the previous pass returned.")

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grading import batch, check_close, tiny
+from grading import batch, check_close, distinct, tiny
 
 
 def unrolled_loss(model, x, y):
@@ -29,7 +29,8 @@ def test_value_on_given_cross_entropies(supervision):
     assert isinstance(loss, torch.Tensor) and loss.dim() == 0, \
         f"supervision_loss must return a scalar tensor, got {type(loss).__name__} {getattr(loss, 'shape', '')}"
     assert loss.item() == pytest.approx(want), \
-        f"{supervision} supervision of ces = (3.0, 2.0, 1.5) gave {loss.item():.4g}; expected {want:.4g} ({rule})"
+        "{} supervision, the loss's value on ces = (3.0, 2.0, 1.5): got {}, expected {} ({})".format(
+            supervision, *distinct(loss.item(), want), rule)
     assert loss.requires_grad, "the loss does not require grad: it must be computed from the ces, not from .item()"
     loss.backward()
     expected = [1 / 3] * 3 if supervision == 'per_loop' else [0.0, 0.0, 1.0]
@@ -50,7 +51,8 @@ def test_parameter_gradients_match_a_hand_unrolled_reference(supervision):
     ref = unrolled_loss(reference, x, y)
     ref.backward()
     assert loss.item() == pytest.approx(ref.item(), rel=1e-5), \
-        f"{supervision}: the model's loss is {loss.item():.6g}, the hand-unrolled reference {ref.item():.6g}"
+        "{}: the model's training loss is {}, the hand-unrolled reference's {}".format(
+            supervision, *distinct(loss.item(), ref.item()))
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         assert p.grad is not None, f"{supervision}: parameter {name} gets no gradient (is the loss detached?)"
         check_close(p.grad, q.grad, f"{supervision}: the gradient of {name} against the hand-unrolled reference",
@@ -66,8 +68,8 @@ def test_terminal_supervision_gives_early_readouts_no_say():
     model.readout.forward = lambda h, k: original(h, k) * (100.0 if k < 3 else 1.0)
     worse = model(x, y)[1].item()
     assert worse == pytest.approx(base, rel=1e-6), \
-        f"terminal supervision: making loops 1..K-1's readouts worse moved the loss from {base:.5g} to " \
-        f"{worse:.5g}; only the last loop's cross-entropy may count"
+        "terminal supervision: making loops 1..K-1's readouts worse moved the loss from {} to {}; only the last " \
+        "loop's cross-entropy may count".format(*distinct(base, worse))
     model = tiny(supervision='per_loop', readout='final_norm')
     base = model(x, y)[1].item()
     original = model.readout.forward

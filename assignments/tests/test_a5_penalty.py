@@ -4,7 +4,7 @@ PYTEST_DONT_REWRITE"""
 import pytest
 import torch
 
-from grading import batch, check_close, short_run, tiny
+from grading import batch, check_close, distinct, short_run, tiny
 
 
 def test_value_is_lambda_times_the_mean_over_loops_of_the_mean_square():
@@ -18,8 +18,8 @@ def test_value_is_lambda_times_the_mean_over_loops_of_the_mean_square():
              0.5 * (1 + 2 + 3) / 3: 'the RMS instead of the mean square'}
     hint = next((v for k, v in hints.items() if got == pytest.approx(k)), 'compare with the formula')
     assert got == pytest.approx(want), \
-        f"lambda = 0.5 and states filled with 1, 2 and 3: penalty {got:.5g}, expected lambda * mean_k mean(h_k^2) " \
-        f"= {want:.5g} ({hint})"
+        "the penalty's value, lambda = 0.5 and states filled with 1, 2 and 3: got {}, expected lambda * mean_k " \
+        "mean(h_k^2) = {} ({})".format(*distinct(got, want), hint)
     zero = tiny(norm_penalty=0.0).norm_penalty(states).item()
     assert zero == 0.0, f"with lambda = 0 the penalty must be 0, got {zero:.4g}"
 

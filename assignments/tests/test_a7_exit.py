@@ -8,7 +8,10 @@ import pytest
 import torch
 
 from diagnose import calibrate_exit, exit_depths
+from grading import distinct
 from looped import exit_passes
+
+LEVELS = np.linspace(0, 1, 201)  # the handout's candidate levels: 0, 0.005, ..., 1
 
 
 def logp(*probs):
@@ -52,6 +55,19 @@ def test_exit_depths_on_known_signals():
             f"answers), and only the first K columns count.")
 
 
+def test_a_threshold_equal_to_a_signal_value_exits():
+    """The handout's tie rule: a token passes at a loop whose signal equals the threshold (top probability >= t,
+    KL <= t), in exit_depths as in exit_passes."""
+    pmax = np.array([[0.25, 0.5, 0.75], [0.5, 0.75, 0.75]])
+    kl = np.array([[math.inf, 0.125, 0.0625], [math.inf, 0.25, 0.125]])
+    for rule, t, want in (('confidence', 0.5, [2, 1]), ('confidence', 0.75, [3, 2]), ('kl', 0.125, [2, 3]),
+                          ('kl', 0.25, [2, 2])):
+        got = [int(d) for d in exit_depths(rule, t, pmax, kl, 3)]
+        assert got == want, (
+            f"exit_depths('{rule}', {t}) where some signals equal the threshold exactly: got depths {got}, expected "
+            f"{want}. A signal equal to the threshold passes: top probability >= t, KL <= t.")
+
+
 def synthetic(n=200, K=3, seed=0):
     """Half the tokens are easy: confident (p = 0.95) and already right at loop 1. The other half are hard: unsure
     (p = 0.3) until the last loop and much worse early. Calibration must exit the easy half at loop 1 and keep the
@@ -80,8 +96,8 @@ def test_calibration_finds_the_known_operating_point():
         f"half exits at loop 1 for free, the hard half needs K). Pick, among thresholds within the tolerance, the " \
         f"one with the fewest mean loops."
     assert ppl == pytest.approx(full), \
-        f"confidence rule: calibrate_exit reported perplexity {ppl:.5g}, but exiting there costs nothing: it is " \
-        f"depth K's, exp(mean CE) = {full:.5g} (the exponential of the mean cross-entropy of the exit loops)"
+        "confidence rule: calibrate_exit reported perplexity {}, but exiting there costs nothing: it is depth K's, " \
+        "exp(mean CE) = {} (the exponential of the mean cross-entropy of the exit loops)".format(*distinct(ppl, full))
     depths = exit_depths('confidence', t, pmax, kl, 3)
     assert (depths == np.where(easy, 1, 3)).all(), \
         f"the calibrated confidence threshold {t:.4g} does not exit the easy tokens at 1 and the hard at 3"
@@ -90,7 +106,8 @@ def test_calibration_finds_the_known_operating_point():
     assert loops == pytest.approx(2.5), \
         f"KL rule: calibration chose mean loops {loops:.4g}; the known answer is 2.5 (the KL rule cannot exit at " \
         f"loop 1, so the easy half exits at 2 and the hard half at 3): search thresholds over the KL of loops 2..K"
-    assert ppl == pytest.approx(full), f"KL rule: reported perplexity {ppl:.5g}, expected depth K's {full:.5g}"
+    assert ppl == pytest.approx(full), "KL rule: reported perplexity {}, expected depth K's {}".format(
+        *distinct(ppl, full))
 
 
 @pytest.mark.parametrize('cost, tolerance, allowed', [
@@ -110,4 +127,140 @@ def test_calibration_respects_the_tolerance(cost, tolerance, allowed):
         f"its perplexity exp(mean CE) <= (1 + tolerance) * depth K's perplexity; the tolerance is on perplexity, "
         f"not on cross-entropy.")
     assert ppl <= (1 + tolerance) * full * (1 + 1e-9), \
-        f"calibrate_exit reported perplexity {ppl:.5g}, above the tolerance's {(1 + tolerance) * full:.5g}"
+        "calibrate_exit reported perplexity {}, above the tolerance's {}: the perplexity it returns must be the " \
+        "chosen threshold's own".format(*distinct(ppl, (1 + tolerance) * full))
+
+
+def candidates(signal, threshold_above=None, at_least=None):
+    """The handout's candidate thresholds for a signal (the distinct values of numpy's quantiles at the 201 levels
+    0, 0.005, ..., 1), and the smallest of them above (or at least) a value."""
+    with np.errstate(invalid='ignore'):  # a signal with inf in it (a wrong pool) gives inf - inf = nan here
+        c = np.unique(np.quantile(signal, LEVELS))
+    return c[c > threshold_above].min() if threshold_above is not None else c[c >= at_least].min()
+
+
+def confidence_case():
+    """99 easy tokens, right at loop 1 with top probability in [0.6, 0.9], and one hard token whose early exit
+    costs 50 nats, top probability 0.55 at loop 1 and 0.5 at loop 2. Every threshold in (0.55, 0.6] gives the
+    fewest mean loops, 1.02; the answer is the smallest candidate above 0.55. It is a quantile between two
+    signal values, and which one depends on every part of the rule: the loops pooled (1..K, here with a fifth
+    column beyond K that must not count), the 201 levels, and the smallest threshold winning a tie."""
+    rng = np.random.default_rng(7)
+    n, K = 100, 3
+    pmax = np.stack([rng.uniform(0.6, 0.9, n), rng.uniform(0.3, 0.99, n), rng.uniform(0.3, 0.99, n),
+                     rng.uniform(0.56, 0.6, n)], axis=1)
+    pmax[0, :3] = 0.55, 0.5, 0.97
+    ce = np.repeat(rng.uniform(3.0, 4.0, n)[:, None], K + 1, axis=1)
+    ce[0, :2] += 50.0
+    kl = np.ones((n, K + 1))
+    kl[:, 0] = math.inf
+    return ce, pmax, kl, K
+
+
+def kl_case():
+    """One token is free to exit at loop 2 (KL 0.001 there); every other token's exit before K costs 50 nats and
+    their KL at loop 2 is 0.5 or more. Every threshold in [0.001, 0.5) gives the fewest mean loops, 2.99; the
+    answer is the smallest candidate at or above 0.001. Half the tokens have a KL below 0.001 at loop K (which
+    never decides an exit, the last loop always answers, but is part of the pool 2..K), so 0.001 is not itself
+    a candidate and the answer is a quantile between two signal values: the pool (loops 2..K; loop 1 is inf;
+    the column beyond K must not count), the 201 levels and the tie rule each change it."""
+    rng = np.random.default_rng(8)
+    n, K = 100, 3
+    low = np.arange(n) < n // 2
+    kl = np.stack([np.full(n, math.inf), rng.uniform(0.5, 1.0, n),
+                   np.where(low, rng.uniform(1e-5, 1e-4, n), rng.uniform(0.01, 0.4, n)), rng.uniform(0, 1e-3, n)],
+                  axis=1)
+    kl[0, 1] = 0.001
+    ce = np.repeat(rng.uniform(3.0, 4.0, n)[:, None], K + 1, axis=1)
+    ce[1:, :2] += 50.0
+    pmax = np.full((n, K + 1), 0.5)
+    return ce, pmax, kl, K
+
+
+def first_above(values, b, inclusive=False):
+    """The smallest of values above b (or at least b)."""
+    values = np.unique(values)
+    return values[values >= b].min() if inclusive else values[values > b].min()
+
+
+def which_mistake(got, variants):
+    """The name of the variant whose threshold got equals, for a failure message that says what to fix."""
+    names = [name for name, value in variants.items() if value == pytest.approx(got, rel=1e-12, abs=1e-15)]
+    return f" Your threshold is the one {names[0]} gives." if names else ""
+
+
+def test_confidence_candidates_are_the_201_quantiles_of_loops_1_to_K_and_the_smallest_wins_a_tie():
+    ce, pmax, kl, K = confidence_case()
+    t, loops, ppl = calibrate_exit('confidence', ce, pmax, kl, K)
+    assert loops == pytest.approx(1.02), \
+        "confidence rule, 99 free exits at loop 1 and one costly one: mean loops {}, expected {}".format(
+            *distinct(loops, 1.02))
+    want = candidates(pmax[:, :K], threshold_above=0.55)
+    every = np.unique(np.quantile(pmax[:, :K], LEVELS))
+    variants = {'loops 1..K-1 only (leaving out loop K)': candidates(pmax[:, :K - 1], threshold_above=0.55),
+                'every column of pmax (not only the first K)': candidates(pmax, threshold_above=0.55),
+                '101 levels instead of 201': first_above(np.quantile(pmax[:, :K], np.linspace(0, 1, 101)), 0.55),
+                'every distinct signal value instead of quantiles': first_above(pmax[:, :K], 0.55),
+                'the largest threshold winning a tie': every[(every > 0.55) & (every <= pmax[1:, 0].min())].max()}
+    assert all(v != pytest.approx(want, rel=1e-9) for v in variants.values())  # the case tells each mistake apart
+    assert t == pytest.approx(want, rel=1e-12), (
+        "confidence rule: calibrate_exit returned the threshold {}, expected {}: the smallest candidate that "
+        "reaches the fewest mean loops within the tolerance. The candidates are the distinct values of "
+        "np.quantile(top probabilities of loops 1..K of every token, np.linspace(0, 1, 201)).".format(
+            *distinct(t, want)) + which_mistake(t, variants))
+    full = math.exp(ce[:, K - 1].mean())
+    assert ppl == pytest.approx(full, rel=1e-9), \
+        "confidence rule: the reported perplexity is {}, expected {} (the free exits cost nothing)".format(
+            *distinct(ppl, full))
+
+
+def test_kl_candidates_are_the_201_quantiles_of_loops_2_to_K_and_the_smallest_wins_a_tie():
+    ce, pmax, kl, K = kl_case()
+    t, loops, ppl = calibrate_exit('kl', ce, pmax, kl, K)
+    assert loops == pytest.approx(2.99), \
+        "KL rule, one free exit at loop 2 and 99 costly ones: mean loops {}, expected {}".format(
+            *distinct(loops, 2.99))
+    want = candidates(kl[:, 1:K], at_least=0.001)
+    every = np.unique(np.quantile(kl[:, 1:K], LEVELS))
+    variants = {'loops 2..K-1 only (leaving out loop K)': candidates(kl[:, 1:K - 1], at_least=0.001),
+                'loops 1..K (with loop 1, whose KL is inf)': candidates(kl[:, :K], at_least=0.001),
+                'every column of kl (not only the first K)': candidates(kl[:, 1:], at_least=0.001),
+                '101 levels instead of 201': first_above(np.quantile(kl[:, 1:K], np.linspace(0, 1, 101)), 0.001,
+                                                         inclusive=True),
+                'every distinct signal value instead of quantiles': 0.001,
+                'the largest threshold winning a tie': every[every < 0.5].max()}
+    assert all(v != pytest.approx(want, rel=1e-9) for v in variants.values())  # the case tells each mistake apart
+    assert t == pytest.approx(want, rel=1e-12), (
+        "KL rule: calibrate_exit returned the threshold {}, expected {}: the smallest candidate that reaches the "
+        "fewest mean loops within the tolerance. The candidates are the distinct values of np.quantile(KL of "
+        "loops 2..K of every token, np.linspace(0, 1, 201)); loop 1's KL is inf and is not among them.".format(
+            *distinct(t, want)) + which_mistake(t, variants))
+    full = math.exp(ce[:, K - 1].mean())
+    assert ppl == pytest.approx(full, rel=1e-9), \
+        "KL rule: the reported perplexity is {}, expected {} (the one free exit costs nothing)".format(
+            *distinct(ppl, full))
+
+
+@pytest.mark.parametrize('rule, never', [('confidence', math.inf), ('kl', -math.inf)])
+def test_when_no_threshold_exits_early_calibration_returns_the_never_exit_value(rule, never):
+    """Every early exit costs 50 nats, so no candidate gives fewer than K mean loops within the tolerance: the
+    answer is (never-exit threshold, K, depth K's perplexity), the threshold being inf for the confidence rule
+    and -inf for the KL rule (no top probability reaches inf, no KL is at or below -inf)."""
+    rng = np.random.default_rng(9)
+    n, K = 50, 3
+    pmax = rng.uniform(0.2, 0.9, (n, K))
+    kl = rng.uniform(0.01, 1.0, (n, K))
+    kl[:, 0] = math.inf
+    ce = np.repeat(rng.uniform(3.0, 4.0, n)[:, None], K, axis=1)
+    ce[:, :K - 1] += 50.0
+    t, loops, ppl = calibrate_exit(rule, ce, pmax, kl, K)
+    full = math.exp(ce[:, K - 1].mean())
+    assert t == never, (
+        f"{rule} rule, no early exit within the tolerance: calibrate_exit returned the threshold {t!r}, expected "
+        f"{never!r}, the handout's never-exit value for this rule"
+        + (" (+inf under the KL rule would exit every token at loop 2)" if rule == 'kl' and t == math.inf else ""))
+    assert loops == K and ppl == pytest.approx(full, rel=1e-12), \
+        f"{rule} rule, no early exit within the tolerance: got mean loops {loops!r} and perplexity {ppl!r}, " \
+        f"expected K = {K} and depth K's perplexity {full!r}"
+    depths = exit_depths(rule, t, pmax, kl, K)
+    assert (depths == K).all(), f"{rule} rule: the never-exit threshold {t!r} still exits some tokens before K"
