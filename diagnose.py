@@ -434,10 +434,13 @@ def main(argv=None):
                                     ('lemma_loops', args.lemma_loops, 2)):
         if value is not None and value < least:  # the exit tables calibrate on one half and measure on the other
             p.error(f"--{flag_name}={value} must be at least {least}")
-    fig_path = args.fig or os.path.join(args.out_dir, 'lemma.png')
+    # --out_dir may name the run folder or its ckpt.pt (as sample.py allows); the figure goes into the folder
+    run_dir = os.path.dirname(args.out_dir) if os.path.isfile(args.out_dir) else args.out_dir
+    ckpt_path = args.out_dir if os.path.isfile(args.out_dir) else os.path.join(args.out_dir, 'ckpt.pt')
+    fig_path = args.fig or os.path.join(run_dir, 'lemma.png')
     try:
-        model, ckpt = LoopedGPT.from_checkpoint(args.out_dir, resolve_device(args.device).device)
-        tokens = val_tokens(ckpt, args.dataset, os.path.join(args.out_dir, 'ckpt.pt'))
+        model, ckpt = LoopedGPT.from_checkpoint(ckpt_path, resolve_device(args.device).device)
+        tokens = val_tokens(ckpt, args.dataset, ckpt_path)
         if args.only in ('all', 'lemma'):
             check_writable(fig_path)  # before the work, not after it
     except (ValueError, OSError) as e:

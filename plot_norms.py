@@ -709,6 +709,7 @@ def run_grid(config, seeds, out_root, extra, names=None):
                 f.write(output)
         last = output.strip().splitlines()[-1] if output.strip() else 'no output'
         if signals:  # the child has saved (or was aborted by a second Ctrl-C): stop the grid, in one line
+            last = last.split('; continue with')[0]  # train.py's own advice (--resume) is the grid's to follow, not the user's
             print(f"plot_norms.py: interrupted during {name} (seed {seed}): {last}; rerun the same command to "
                   "continue the grid", file=sys.stderr)
             sys.exit(128 + signals[0])
@@ -729,8 +730,9 @@ def get_parser():
                    help='--run: comma-separated conditions to train (default: the configuration\'s grid), by folder '
                         'name: ' + ', '.join(map(slug, CONDITIONS)))
     p.add_argument('--out_root', default='out/grid', help='where --run puts its run folders')
-    p.add_argument('--fig_dir', default=None, help='where figures and tables go (default: figures/<config> with '
-                                                   '--run, else figures)')
+    p.add_argument('--fig_dir', default=None, help='where figures and tables go (default: out/figures/<config> with '
+                                                   '--run, else out/figures; the committed figures/ change only when '
+                                                   'named here)')
     p.add_argument('--exit_windows', type=int, default=200,
                    help='validation windows for the timed early-exit benchmark, half to calibrate and half to '
                         'measure (0: none); needs each run\'s ckpt.pt')
@@ -753,7 +755,8 @@ def main(argv=None):
         train_args = shlex.split(args.train_args)
     except ValueError as e:  # an unclosed quote, say
         p.error(f"--train_args={args.train_args!r}: {e}")
-    fig_dir = args.fig_dir or (os.path.join('figures', args.config) if args.run else 'figures')
+    # untracked by default: the committed reference figures change only when --fig_dir names them
+    fig_dir = args.fig_dir or os.path.join('out', 'figures', *([args.config] if args.run else []))
     try:  # before the grid's hours and the benchmark's minutes, not after them
         check_writable(os.path.join(fig_dir, 'table.md'))
     except ValueError as e:

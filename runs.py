@@ -78,13 +78,26 @@ class Run:
     def resume(self, args, given, device):
         """(checkpoint, the model config it was trained with) for --resume. The checkpoint's model wins over
         --config (resumed_config), and its dataset over the default unless --dataset is typed."""
+        if not os.path.lexists(self.ckpt_path):  # a run stopped before its first save has nothing to continue
+            why = ("the run there stopped before its first save; run the same command without --resume to start it "
+                   "afresh" if os.path.lexists(self.log_path) else "there is no run to continue; drop --resume")
+            raise RunError(f"no checkpoint at {self.ckpt_path}: {why}")
         ckpt = load_checkpoint(self.ckpt_path, device)
         if 'dataset' not in given:
             args.dataset = ckpt['args'].get('dataset', args.dataset)
         return ckpt, resumed_config(ckpt, args, given)
 
     def holds_a_run(self):
-        return any(map(os.path.lexists, (self.ckpt_path, self.log_path)))
+        """A checkpoint, or a log with records in it. A log that is only a header belongs to a run stopped before
+        its first save (records are logged only after they are saved), so it holds nothing to lose: a fresh run
+        replaces it."""
+        if os.path.lexists(self.ckpt_path) or not os.path.lexists(self.log_path):
+            return os.path.lexists(self.ckpt_path)
+        try:
+            with open(self.log_path, 'rb') as f:
+                return len(f.read().strip().split(b'\n')) > 1
+        except OSError:  # unreadable: be safe and call it a run
+            return True
 
     def start(self, resume, overwrite, ckpt, header):
         """Create and lock the folder, prove it writable, then either repair the log of the run being resumed or
@@ -98,12 +111,14 @@ class Run:
                 self.run_id = ckpt.get('run_id')
                 return self._repair_log(ckpt)
             # a fresh run: --overwrite clears the old run's files first, so that nothing of it can be resumed
+            note = ('the log of a run stopped before its first save was replaced'
+                    if not overwrite and os.path.lexists(self.log_path) else '')
             for old in (self.ckpt_path, self.ckpt_path + '.tmp'):
                 if os.path.lexists(old):
                     os.remove(old)
             self.run_id = time.strftime('%Y%m%d-%H%M%S-') + os.urandom(3).hex()
             self._write_lines(self.log_path, [json.dumps({'run_id': self.run_id, **header}).encode()])
-            return ''
+            return note
         except OSError as e:
             raise RunError(f"cannot write to {self.dir} ({e.strerror}); nothing was trained") from None
 
@@ -192,7 +207,7 @@ class Run:
             self._write_lines(self.log_path, kept)
         except OSError as e:
             raise RunError(f"could not repair {self.log_path} ({e.strerror})") from None
-        return ', '.join(n for n, yes in (('a line cut by a crash removed', cut), (f'{dropped} records past the '
+        return 'made consistent with the checkpoint: ' + ', '.join(n for n, yes in (('a line cut by a crash removed', cut), (f'{dropped} records past the '
                          'checkpoint dropped', dropped), (f"step {ckpt['last_eval_step']}'s record restored from the "
                          'checkpoint', restored)) if yes)
 

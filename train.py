@@ -306,7 +306,7 @@ def main(argv=None):
                       'data': data.identity}
             note = run.start(args.resume, args.overwrite, ckpt, header)
             if note:
-                say(f"{run.log_path} made consistent with the checkpoint: {note}")
+                say(f"{run.log_path}: {note}")
         with runs.Interrupts(world, say) as interrupts:
             if ckpt is not None and ckpt['step'] >= args.max_iters:  # nothing to train; the log was repaired above
                 say(f"{args.out_dir} is finished at step {ckpt['step']}; pass a larger --max_iters to continue it")

@@ -57,8 +57,10 @@ def open_new(path):
 
 def write_atomically(path, write):
     """Fill a fresh temporary file beside path with write(f), then rename it over path: a link planted at path
-    (or at its temporary) is replaced, never followed, and a failure leaves whatever was at path as it was."""
+    (or at its temporary) is replaced, never followed, and a failure leaves whatever was at path as it was.
+    Missing folders on the way to path are created (every writer in the repository comes through here)."""
     tmp = path + '.tmp'
+    os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
     try:
         with open_new(tmp) as f:
             write(f)
@@ -245,8 +247,15 @@ def check_same_data(ckpt, meta, identity, name):
         why = 'the vocabulary differs'
     else:
         for split, value in recorded['files'].items():
-            if identity['files'].get(split) != value:
-                why = f"{split} differs ({value[0]:,} bytes recorded, {identity['files'].get(split, [0])[0]:,} here)"
+            here = identity['files'].get(split)
+            if here is None:
+                why = f"{split} is missing"
+            elif here[0] != value[0]:
+                why = f"{split} differs in size: {value[0]:,} bytes recorded, {here[0]:,} here"
+            elif here != value:
+                why = (f"{split} differs in content: the same {value[0]:,} bytes, but the SHA-256 of its first and "
+                       f"last MiB is {here[1][:12]}... here, {value[1][:12]}... recorded")
+            if why:
                 break
     if why:
         trained_on = recorded['path'] if recorded else 'other data'
