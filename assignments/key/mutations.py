@@ -46,6 +46,10 @@ MUTATIONS = [
      "if self.kind == 'final_norm' and k < self.n_loop:", "if self.kind == 'final_norm' and k < self.n_loop - 1:"),
     ('a1', 'looped.py', 'final_norm normalizes only at exactly K, not beyond',
      "if self.kind == 'final_norm' and k < self.n_loop:", "if self.kind == 'final_norm' and k != self.n_loop:"),
+    ('a1', 'looped.py', 'final_norm normalizes at every loop (the k < K rule left out)',
+     "if self.kind == 'final_norm' and k < self.n_loop:", "if False:"),
+    ('a1', 'looped.py', 'the mean of squares over all dimensions instead of per token',
+     'torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)', 'torch.rsqrt(xf.pow(2).mean() + self.eps)'),
     # ---- A2: rmsnorm_radial_grad ----
     ('a2', 'diagnose.py', 'returns zeros (the "it is zero" answer)',
      'return S / r2.sqrt() * eps / r2', 'return torch.zeros_like(S)'),
@@ -55,6 +59,10 @@ MUTATIONS = [
      'r2 = h.pow(2).mean(-1) + eps', 'r2 = h.pow(2).sum(-1) + eps'),
     ('a2', 'diagnose.py', 'the gain left out of S',
      'S = (weight * grad_y * h).sum(-1)', 'S = (grad_y * h).sum(-1)'),
+    ('a2', 'diagnose.py', 'r^2 instead of r in the first factor',
+     'return S / r2.sqrt() * eps / r2', 'return S / r2 * eps / r2'),
+    ('a2', 'diagnose.py', 'eps dropped from r^2',
+     'r2 = h.pow(2).mean(-1) + eps', 'r2 = h.pow(2).mean(-1)'),
     # ---- A3: LoopedGPT.loops ----
     ('a3', 'looped.py', 'a list instead of a generator (all passes run before the first is used)',
      '''        for k in range(1, n_loop + 1):
@@ -98,6 +106,17 @@ MUTATIONS = [
      'h = self.inter_norm(h)', 'h = self.inter_norm(h.detach())'),
     ('a3', 'looped.py', 'stops at the trained K',
      'for k in range(1, n_loop + 1):', 'for k in range(1, min(n_loop, self.config.n_loop) + 1):'),
+    ('a3', 'looped.py', 'the carried state detached under residual recurrence (the loss stays right)',
+     '''            if self.inter_norm is not None:
+                h = self.inter_norm(h)''',
+     '''            if self.inter_norm is not None:
+                h = self.inter_norm(h)
+            else:
+                h = h.detach()'''),
+    ('a3', 'looped.py', 'normed recurrence that never normalizes what it carries',
+     'h = self.inter_norm(h)', 'h = h'),
+    ('a3', 'looped.py', 'intervene ignored',
+     'h = intervene(k, h_in, h)', 'pass'),
     # ---- A4: LoopedGPT.supervision_loss ----
     ('a4', 'looped.py', 'sum instead of mean',
      'return torch.stack(ces).mean()', 'return torch.stack(ces).sum()'),
@@ -111,6 +130,12 @@ MUTATIONS = [
     ('a4', 'looped.py', 'the mean whatever the supervision',
      "if self.config.supervision == 'per_loop':\n            return torch.stack(ces).mean()",
      "if True:\n            return torch.stack(ces).mean()"),
+    ('a4', 'looped.py', 'the mean over loops 1..K-1 (the last loop left out)',
+     'return torch.stack(ces).mean()', 'return torch.stack(ces[:-1]).mean()'),
+    ('a4', 'looped.py', 'terminal loss detached',
+     '''            return torch.stack(ces).mean()
+        return ces[-1]''', '''            return torch.stack(ces).mean()
+        return ces[-1].detach().requires_grad_()'''),
     # ---- A5: LoopedGPT.norm_penalty ----
     ('a5', 'looped.py', 'squared L2 norm instead of the mean square',
      'torch.stack([h.float().pow(2).mean() for h in states]).mean()',
@@ -125,6 +150,12 @@ MUTATIONS = [
      'return self.config.norm_penalty * torch.stack(', 'return torch.stack('),
     ('a5', 'looped.py', 'the states detached',
      '[h.float().pow(2).mean() for h in states]', '[h.detach().float().pow(2).mean() for h in states]'),
+    ('a5', 'looped.py', 'only the last state penalized',
+     'torch.stack([h.float().pow(2).mean() for h in states]).mean()',
+     'torch.stack([h.float().pow(2).mean() for h in states[-1:]]).mean()'),
+    ('a5', 'looped.py', 'the mean absolute value instead of the mean square',
+     'torch.stack([h.float().pow(2).mean() for h in states]).mean()',
+     'torch.stack([h.float().abs().mean() for h in states]).mean()'),
     # ---- A6: AlphaNorm.forward ----
     ('a6', 'looped.py', 's not clamped at eps',
      's = hf.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(self.eps)', 's = hf.pow(2).mean(-1, keepdim=True).sqrt()'),
@@ -139,6 +170,11 @@ MUTATIONS = [
      'torch.exp((1 - self.alpha().detach()) * (self.log_s_ref - s.log()))'),
     ('a6', 'looped.py', 's as the L2 norm instead of the RMS',
      's = hf.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(self.eps)', 's = hf.pow(2).sum(-1, keepdim=True).sqrt().clamp_min(self.eps)'),
+    ('a6', 'looped.py', 's_ref detached (log s_ref never learns)',
+     'torch.exp((1 - self.alpha()) * (self.log_s_ref - s.log()))',
+     'torch.exp((1 - self.alpha()) * (self.log_s_ref.detach() - s.log()))'),
+    ('a6', 'looped.py', 's as the mean absolute value instead of the RMS',
+     's = hf.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(self.eps)', 's = hf.abs().mean(-1, keepdim=True).clamp_min(self.eps)'),
     # ---- A7: exit_passes, exit_depths, calibrate_exit ----
     ('a7', 'looped.py', 'KL reversed: KL(p_{k-1} || p_k)',
      'return (logp.exp() * (logp - logp_prev)).sum(dim=-1) <= threshold',
@@ -161,6 +197,38 @@ MUTATIONS = [
      'ppl = math.exp(ce[np.arange(len(d)), d - 1].mean())', 'ppl = float(np.exp(ce[np.arange(len(d)), d - 1]).mean())'),
     ('a7', 'diagnose.py', 'the tolerance ignored',
      'if ppl <= full * (1 + tolerance) and d.mean() < best[1]:', 'if d.mean() < best[1]:'),
+    ('a7', 'looped.py', 'the confidence rule on the top log-probability (no exp)',
+     'return logp.max(dim=-1).values.exp() >= threshold', 'return logp.max(dim=-1).values >= threshold'),
+    ('a7', 'diagnose.py', 'a strict > in exit_depths (a top probability equal to the threshold does not exit)',
+     "passes = pmax[:, :K] >= threshold if", "passes = pmax[:, :K] > threshold if"),
+    ('a7', 'diagnose.py', 'a strict < in exit_depths (a KL equal to the threshold does not exit)',
+     "else kl[:, :K] <= threshold", "else kl[:, :K] < threshold"),
+    ('a7', 'diagnose.py', 'confidence candidates from loops 1..K-1 (loop K left out)',
+     "signal = pmax[:, :K] if rule == 'confidence' else kl[:, 1:K]",
+     "signal = pmax[:, :K - 1] if rule == 'confidence' else kl[:, 1:K]"),
+    ('a7', 'diagnose.py', 'confidence candidates from every column, not only the first K',
+     "signal = pmax[:, :K] if rule == 'confidence' else kl[:, 1:K]",
+     "signal = pmax if rule == 'confidence' else kl[:, 1:K]"),
+    ('a7', 'diagnose.py', "KL candidates with loop 1's infinite KL in the pool",
+     "signal = pmax[:, :K] if rule == 'confidence' else kl[:, 1:K]",
+     "signal = pmax[:, :K] if rule == 'confidence' else kl[:, :K]"),
+    ('a7', 'diagnose.py', 'KL candidates from loops 2..K-1 (loop K left out)',
+     "signal = pmax[:, :K] if rule == 'confidence' else kl[:, 1:K]",
+     "signal = pmax[:, :K] if rule == 'confidence' else kl[:, 1:K - 1]"),
+    ('a7', 'diagnose.py', '101 candidate levels instead of 201',
+     'candidates = np.unique(np.quantile(signal, np.linspace(0, 1, 201)))',
+     'candidates = np.unique(np.quantile(signal, np.linspace(0, 1, 101)))'),
+    ('a7', 'diagnose.py', 'every distinct signal value as a candidate instead of the quantiles',
+     'candidates = np.unique(np.quantile(signal, np.linspace(0, 1, 201)))', 'candidates = np.unique(signal)'),
+    ('a7', 'diagnose.py', 'the largest threshold wins a tie in mean loops',
+     'if ppl <= full * (1 + tolerance) and d.mean() < best[1]:',
+     'if ppl <= full * (1 + tolerance) and d.mean() <= best[1] and d.mean() < K:'),
+    ('a7', 'diagnose.py', "the KL rule's never-exit threshold +inf (which exits every token at loop 2)",
+     "best = (math.inf if rule == 'confidence' else -math.inf, float(K), full)",
+     "best = (math.inf, float(K), full)"),
+    ('a7', 'diagnose.py', "the confidence rule's never-exit threshold 1.0 (a top probability of 1 still exits)",
+     "best = (math.inf if rule == 'confidence' else -math.inf, float(K), full)",
+     "best = (1.0 if rule == 'confidence' else -math.inf, float(K), full)"),
 ]
 
 
@@ -182,6 +250,7 @@ class Outcome:
     def __init__(self):
         self.passed, self.failed, self.errors, self.first = 0, 0, 0, ''
         self.messages = []  # every failure's text
+        self.failed_files = set()  # the grader files of the failed tests: which assignment's grader failed
 
     def pytest_collectreport(self, report):
         if report.failed:
@@ -191,6 +260,7 @@ class Outcome:
     def pytest_runtest_logreport(self, report):
         if report.failed:
             self.failed += 1
+            self.failed_files.add(report.nodeid.split('::')[0])
             self.messages.append(str(report.longrepr))
             if not self.first:
                 crash = getattr(report.longrepr, 'reprcrash', None)
@@ -303,10 +373,11 @@ def main(argv=None):
                 with open(file, 'w', encoding='utf-8') as f:
                     f.write(text)
             tried += 1
-            hit = got.failed > 0 and got.errors == 0
+            hit = got.failed > 0 and got.errors == 0 and got.failed_files == {grader(root, a)}  # its own grader
             caught += hit
             print(json.dumps({'assignment': a, 'mutation': what, 'caught': hit, 'failed': got.failed,
-                              'errors': got.errors, 'first': got.first}), flush=True)
+                              'errors': got.errors, 'failed_in': sorted(got.failed_files), 'first': got.first}),
+                  flush=True)
     print(f"mutation suite: {tried} tried, {caught} caught ({time.time() - start:.0f} s)")
     return 0 if caught == tried else 1
 
