@@ -2,7 +2,7 @@
 Mutation check of the core: does the test suite fail when the code is wrong?
 
     python tests/mutations.py              # every breakage below (a few minutes on 2 cores)
-    python tests/mutations.py --only=kl    # the breakages whose name contains 'kl'
+    python tests/mutations.py --only=kl    # the breakages with a word starting 'kl' (any case): the KL rule
     python tests/mutations.py --list       # what would run
 
 Each breakage is one realistic one-line mistake (a student's, or a careless refactor's), written into a scratch
@@ -20,6 +20,7 @@ also documentation of what the suite protects.
 import argparse
 import os
 import py_compile
+import re
 import shutil
 import subprocess
 import sys
@@ -27,6 +28,7 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+W = 'tests/test_wiring.py::'
 
 # (name, file, the line as it is, the line as broken, the tests that must fail)
 MUTATIONS = [
@@ -150,6 +152,37 @@ MUTATIONS = [
      'if hashlib.sha256(f.read()).hexdigest() != EXPECTED_SHA256:', 'if False:', ['tests/test_download.py']),
     ('char split 80/20 instead of 90/10', 'data/shakespeare_char/prepare.py', '    n = int(0.9 * len(text))',
      '    n = int(0.8 * len(text))', ['tests/test_download.py', 'tests/test_train.py::test_prepare_char_on_a_local_file']),
+    # ---- the training step and the model's wiring: each has a test of its own in tests/test_wiring.py
+    ('targets are the inputs, not the next tokens', 'train.py', 'x, y = w[:, :-1], w[:, 1:]',
+     'x, y = w[:, :-1], w[:, :-1]', [W + 'test_batch_targets_are_the_next_tokens_of_the_inputs']),
+    ('gradient accumulation sums the micro-steps', 'train.py', '(loss / micro_steps).backward()', 'loss.backward()',
+     [W + 'test_gradient_accumulation_gives_the_gradient_of_one_large_batch']),
+    ('gradient clipped at 1.0 whatever --grad_clip says', 'train.py',
+     'clip_grad_norm_(model.parameters(), args.grad_clip)', 'clip_grad_norm_(model.parameters(), 1.0)',
+     [W + 'test_gradient_clipping_clips_to_the_flag']),
+    ('paper init trains without weight decay', 'looped.py', "groups = [{'params': params, 'weight_decay': weight_decay}]",
+     "groups = [{'params': params, 'weight_decay': 0.0}]", [W + 'test_optimizer_parameter_groups_under_each_init']),
+    ('gpt2 init decays the norm gains too', 'looped.py', "[p for p in params if p.dim() >= 2], 'weight_decay'",
+     "[p for p in params if p.dim() >= 1], 'weight_decay'", [W + 'test_optimizer_parameter_groups_under_each_init']),
+    ('no position embedding', 'looped.py', 'return self.drop(self.wte(idx) + self.wpe(pos))',
+     'return self.drop(self.wte(idx))', [W + 'test_embedding_is_token_plus_position']),
+    ('head never tied to the embedding', 'looped.py', '            self.lm_head.weight = self.wte.weight',
+     '            pass', [W + 'test_weight_tying_under_each_init']),
+    ('tied under every init', 'looped.py', "self.tie_weights = self.init == 'paper'", 'self.tie_weights = True',
+     [W + 'test_weight_tying_under_each_init']),
+    ('layernorm readout is an RMSNorm', 'looped.py',
+     'self.norm = nn.LayerNorm(config.n_embd, eps=config.norm_eps, bias=False)',
+     'self.norm = RMSNorm(config.n_embd, config.norm_eps)', [W + 'test_each_readout_kind_is_told_apart_from_every_other']),
+    ('SwiGLU gated through gelu', 'looped.py', 'u = F.silu(u) * self.c_gate(x) if self.swiglu',
+     'u = F.gelu(u) * self.c_gate(x) if self.swiglu', [W + 'test_mlp_activation_under_each_choice']),
+    ('GELU MLP uses relu', 'looped.py', 'if self.swiglu else F.gelu(u)', 'if self.swiglu else F.relu(u)',
+     [W + 'test_mlp_activation_under_each_choice']),
+    ('evaluation with dropout on', 'train.py', '    model.eval()\n    ce, norm, n = 0.0, 0.0, 0',
+     '    ce, norm, n = 0.0, 0.0, 0', [W + 'test_evaluate_turns_dropout_off_and_back_on']),
+    ('evaluation leaves dropout off', 'train.py', '    model.train()\n    return (ce / n)', '    return (ce / n)',
+     [W + 'test_evaluate_turns_dropout_off_and_back_on']),
+    ('validation loss read from the training split', 'train.py', "data.fixed_batches('val', args.eval_iters)",
+     "data.fixed_batches('train', args.eval_iters)", [W + 'test_evaluation_reads_the_validation_split']),
 ]
 
 
@@ -190,7 +223,8 @@ def run_one(copy, name, path, old, new, tests, timeout):
 
 def get_parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument('--only', default='', help='run the breakages whose name contains this text')
+    p.add_argument('--only', default='', help='run the breakages with a word in their name that starts with this '
+                                              'text (any case)')
     p.add_argument('--list', action='store_true', help='list the breakages and their tests, run nothing')
     p.add_argument('--timeout', type=int, default=180, help='seconds one breakage\'s tests may take')
     return p
@@ -198,9 +232,10 @@ def get_parser():
 
 def main(argv=None):
     args = get_parser().parse_args(argv)
-    chosen = [m for m in MUTATIONS if args.only in m[0]]
+    # from the start of a word, in any case: --only=kl picks the KL rule, not 'meta.pkl'
+    chosen = [m for m in MUTATIONS if re.search(r'\b' + re.escape(args.only), m[0], re.IGNORECASE)]
     if not chosen:
-        sys.exit(f"mutations.py: error: no breakage name contains {args.only!r}")
+        sys.exit(f"mutations.py: error: no breakage name has a word starting with {args.only!r}")
     if args.list:
         for name, path, _, _, tests in chosen:
             print(f"{name:55s} {path:32s} {' '.join(tests)}")
