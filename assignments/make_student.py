@@ -8,9 +8,12 @@ Signatures and docstrings stay, so the student sees what to write and where.
 
 Left out, because they state answers or are for instructors: the project README (replaced by a student README,
 assignments/STUDENT_README.md: set-up, the assignments, how to run; no results), docs/ (the results pages),
-figures/, the answer key and mutation suite (assignments/key/), the autograder builder (assignments/autograder/),
-and the project's own test suite (tests/, whose science tests and instructor check state results). It runs only from the instructor's repository (a git checkout with the reference code):
-from a student copy it would copy the student's code as the reference, so it refuses.
+figures/, the answer key, mutation suite and instructor guide (assignments/key/), the autograder builder
+(assignments/autograder/), the project's own test suite (tests/, whose science tests and instructor check state
+results) and the project's CI script (.ci/, which runs tests/). Sentences of the kept files that answer a written
+question or point at a left-out file are rewritten in the copy as assignments/key/redactions.py lists them; the
+reference files are not touched. It runs only from the instructor's repository (a git checkout with the
+reference code): from a student copy it would copy the student's code as the reference, so it refuses.
 
 Which functions belong to which assignment is listed in assignments/stubs.py; the bodies are found by
 qualified name with Python's ast module, so the reference files need no markers.
@@ -18,6 +21,7 @@ qualified name with Python's ast module, so the reference files need no markers.
 
 import argparse
 import ast
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -28,7 +32,32 @@ from stubs import ASSIGNMENTS
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STUDENT_README = os.path.join('assignments', 'STUDENT_README.md')  # written as the copy's README.md
 # never copied: (path prefixes) texts that state answers, instructor material, and the project's test suite
-EXCLUDED = ('README.md', 'docs/', 'figures/', 'assignments/key/', 'assignments/autograder/', STUDENT_README, 'tests/')
+EXCLUDED = ('README.md', 'docs/', 'figures/', 'assignments/key/', 'assignments/autograder/', STUDENT_README, 'tests/',
+            '.ci/')
+REDACTIONS = os.path.join(ROOT, 'assignments', 'key', 'redactions.py')
+
+
+def redactions(path=REDACTIONS):
+    """{file: [(reference text, replacement), ...]} from the key's list (read by path: the key is no package)."""
+    spec = importlib.util.spec_from_file_location('course_redactions', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    by_file = {}
+    for rel, old, new in module.REDACTIONS:
+        by_file.setdefault(rel, []).append((old, new))
+    return by_file
+
+
+def redact(text, rel, edits):
+    """text with each (old, new) of edits applied; old must occur exactly once, else the copy is refused."""
+    for old, new in edits:
+        n = text.count(old)
+        if n != 1:
+            raise SystemExit(f"make_student.py: error: a sentence assignments/key/redactions.py removes from {rel} is "
+                             f"found {n} times there, not once (the file changed): {old.strip()[:80]!r}; update "
+                             f"the redaction, or an answer ships in the copy")
+        text = text.replace(old, new)
+    return text
 
 
 def excluded(rel):
@@ -117,6 +146,11 @@ def make_student(out, only=None):
         for target in ASSIGNMENTS[a][1]:
             path, qualname = target.split('::')
             by_file.setdefault(path, []).append((qualname, stub_marker(a)))
+    edits = redactions()
+    missing = sorted(rel for rel in edits if not os.path.isfile(os.path.join(ROOT, rel)))
+    if missing:
+        raise SystemExit(f"make_student.py: error: assignments/key/redactions.py names {', '.join(missing)}, which "
+                         f"this repository does not have")
     os.makedirs(out, exist_ok=True)
     shutil.copy2(os.path.join(ROOT, STUDENT_README), os.path.join(out, 'README.md'))
     for rel in tracked_files(ROOT):
@@ -124,10 +158,10 @@ def make_student(out, only=None):
         if not os.path.isfile(src) or excluded(rel):
             continue  # tracked but deleted in this working tree, or left out of every student copy
         os.makedirs(os.path.dirname(dst), exist_ok=True)
-        if rel in by_file:
+        if rel in by_file or rel in edits:
             with open(src, encoding='utf-8') as f:
-                text = f.read()
-            for qualname, message in by_file[rel]:  # one at a time: each cut changes the line numbers
+                text = redact(f.read(), rel, edits.get(rel, []))
+            for qualname, message in by_file.get(rel, []):  # one at a time: each cut changes the line numbers
                 text = stub_source(text, [qualname], message)
             with open(dst, 'w', encoding='utf-8') as f:
                 f.write(text)

@@ -41,8 +41,8 @@ def test_eps_goes_inside_the_square_root():
     assert torch.isfinite(out).all().item(), "RMSNorm of a zero vector is not finite; eps belongs inside the sqrt"
     out.sum().backward()
     assert torch.isfinite(zero.grad).all().item(), \
-        "the gradient of RMSNorm at a zero vector is nan or inf: with eps outside the square root the forward " \
-        "pass can stay finite while d sqrt(m)/dm = 1 / (2 sqrt(m)) is infinite at m = 0. Put eps inside the sqrt."
+        "the gradient of RMSNorm at a zero vector is nan or inf (its forward pass may still be finite there): " \
+        "eps belongs inside the square root, sqrt(mean(x^2) + eps). A1's written question 1 asks why."
 
 
 @pytest.mark.parametrize('a', [0.1, 7.0, 1000.0])

@@ -55,7 +55,7 @@ def test_output_scales_as_a_to_the_alpha(alpha):
 
 
 def test_a_zero_state_is_finite():
-    """s is clamped at eps before dividing: a zero vector gives zeros, not NaN."""
+    """s is clamped at eps before dividing: a zero state must give zeros."""
     for alpha in (0.0, 0.5, 1.0):
         out = alpha_norm(alpha)(torch.zeros(2, 32))
         assert torch.isfinite(out).all().item(), \

@@ -1,0 +1,38 @@
+"""
+Sentences of the reference files that answer a written question, or point at a file the student copy leaves out,
+and what the student copy says instead. make_student.py applies them to the copy only: the reference files stay
+as they are. This list lives in the key because each entry quotes the answer it removes.
+
+Each entry is (file, the reference text, its replacement in the copy). make_student.py refuses to write a copy
+when a reference text is not found exactly once (the source changed under it): an answer would otherwise ship
+unnoticed. Whitespace inside a docstring counts, so quote it as the file has it.
+"""
+
+REDACTIONS = [
+    # A2 Q1 asks for the derivation: the docstring keeps the result and loses the intermediate gradient
+    ('diagnose.py',
+     '        dL/dh = weight * grad_y / r - h * S / (d * r^3),   so   <dL/dh, h> = (S / r) * eps / r^2,\n',
+     '        <dL/dh, h> = (S / r) * eps / r^2,\n'),
+    # A4 Q1 asks through which path terminal supervision reaches the early loops
+    ('diagnose.py',
+     "    # 'own CE': loop k's cross-entropy through its readout alone; 'training': the whole objective, which also\n"
+     "    # reaches h_k through the later loops\n",
+     "    # 'own CE': loop k's cross-entropy through its readout alone; 'training': the whole objective\n"),
+    # A4 Q3 and A5 Q1 ask what the runs show
+    ('train.py',
+     '    python train.py --readout=rmsnorm --norm_penalty=0      # the blind spot: ||h_K|| climbs\n'
+     '    python train.py --readout=raw                           # scale visible to the loss: ||h_K|| stays small\n',
+     '    python train.py --readout=rmsnorm --norm_penalty=0      # the scale-invariant readout, no penalty\n'
+     '    python train.py --readout=raw                           # no norm before the head\n'),
+    # A6 Q2 asks which way alpha moves under terminal supervision
+    ('looped.py',
+     "    alpha = sigmoid(logit) is learned from 0.5 unless fixed; log s_ref is learned too (an EMA of the batch's\n"
+     "    log s, the other option, let alpha collapse to 0 under terminal cross-entropy).\"\"\"\n",
+     "    alpha = sigmoid(logit) is learned from 0.5 unless fixed; log s_ref is learned too.\"\"\"\n"),
+    # sections of the project README, which the copy replaces with the student README
+    ('looped.py', ' (README: "Where this differs from the paper").', '.'),
+    ('sample.py', "# out/laptop, the run of the README's main command", '# out/laptop, the default run of train.py'),
+    ('plot_norms.py', '; the README quotes these, so no verdict is', '; no verdict is'),
+    ('data/shakespeare_char/prepare.py', 'so the counts differ from the README\'s")',
+     'so the counts differ from the classic file\'s")'),
+]
