@@ -183,6 +183,11 @@ MUTATIONS = [
      [W + 'test_evaluate_turns_dropout_off_and_back_on']),
     ('validation loss read from the training split', 'train.py', "data.fixed_batches('val', args.eval_iters)",
      "data.fixed_batches('train', args.eval_iters)", [W + 'test_evaluation_reads_the_validation_split']),
+    # ---- writers and run folders (tests/test_writers.py)
+    ('writers expect their folders to exist', 'data/common.py', "    os.makedirs(os.path.dirname(path) or '.', exist_ok=True)\n    try:",
+     '    try:', ['tests/test_writers.py::test_diagnose_writes_its_figure_into_folders_it_creates']),
+    ('a log without a checkpoint is a run to keep', 'runs.py', "                return len(f.read().strip().split(b'\\n')) > 1",
+     '                return True', ['tests/test_writers.py::test_a_run_killed_before_its_first_save_is_no_dead_end']),
 ]
 
 
