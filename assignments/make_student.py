@@ -10,7 +10,7 @@ Left out, because they state answers or are for instructors: the project README 
 assignments/STUDENT_README.md: set-up, the assignments, how to run; no results), docs/ (the results pages),
 figures/, the answer key, mutation suite and instructor guide (assignments/key/), the autograder builder
 (assignments/autograder/), the project's own test suite (tests/, whose science tests and instructor check state
-results) and the project's CI script (.ci/, which runs tests/). Sentences of the kept files that answer a written
+results), the project's CI script (.ci/, which runs tests/) and this tool with its list (stubs.py). Sentences of the kept files that answer a written
 question or point at a left-out file are rewritten in the copy as assignments/key/redactions.py lists them; the
 reference files are not touched. It runs only from the instructor's repository (a git checkout with the
 reference code): from a student copy it would copy the student's code as the reference, so it refuses.
@@ -33,26 +33,28 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STUDENT_README = os.path.join('assignments', 'STUDENT_README.md')  # written as the copy's README.md
 # never copied: (path prefixes) texts that state answers, instructor material, and the project's test suite
 EXCLUDED = ('README.md', 'docs/', 'figures/', 'assignments/key/', 'assignments/autograder/', STUDENT_README, 'tests/',
-            '.ci/')
+            '.ci/', 'assignments/make_student.py', 'assignments/stubs.py')
 REDACTIONS = os.path.join(ROOT, 'assignments', 'key', 'redactions.py')
 
 
-def redactions(path=REDACTIONS):
-    """{file: [(reference text, replacement), ...]} from the key's list (read by path: the key is no package)."""
-    spec = importlib.util.spec_from_file_location('course_redactions', path)
+def redactions(path=None):
+    """{file: [(reference text, replacement, required), ...]} from the key's list (read by path: the key is no
+    package)."""
+    spec = importlib.util.spec_from_file_location('course_redactions', path or REDACTIONS)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     by_file = {}
-    for rel, old, new in module.REDACTIONS:
-        by_file.setdefault(rel, []).append((old, new))
+    for rel, old, new, *required in module.REDACTIONS:
+        by_file.setdefault(rel, []).append((old, new, required[0] if required else True))
     return by_file
 
 
 def redact(text, rel, edits):
-    """text with each (old, new) of edits applied; old must occur exactly once, else the copy is refused."""
-    for old, new in edits:
+    """text with each (old, new, required) of edits applied; old must occur exactly once, else the copy is refused
+    (an optional one may also be absent)."""
+    for old, new, required in edits:
         n = text.count(old)
-        if n != 1:
+        if n != 1 and (required or n > 1):
             raise SystemExit(f"make_student.py: error: a sentence assignments/key/redactions.py removes from {rel} is "
                              f"found {n} times there, not once (the file changed): {old.strip()[:80]!r}; update "
                              f"the redaction, or an answer ships in the copy")

@@ -73,7 +73,10 @@ def test_mutation_suite_every_wrong_implementation_fails_its_grader(capsys):
     mutations = [r for r in records if 'mutation' in r]
     missed = [f"{r['assignment']}: {r['mutation']}" for r in mutations if not r['caught']]
     assert not missed, f"wrong implementations that pass their grader: {missed}"
-    assert len(mutations) >= 20 and {r['assignment'] for r in mutations} == set(ASSIGNMENTS), summary
+    assert len(mutations) >= 55 and {r['assignment'] for r in mutations} == set(ASSIGNMENTS), summary
+    blamed = [f"{r['assignment']}: {r['mutation']} failed {r['failed_in']}" for r in mutations
+              if r['failed_in'] != [grader(r['assignment'])]]
+    assert not blamed, f"wrong implementations charged to another grader than their assignment's: {blamed}"
     dumps = [r['mutation'] for r in mutations if 'tensor(' in r['first'] or len(r['first']) < 40]
     assert not dumps, f"caught, but with a tensor dump or no explanation: {dumps}"
     tried, caught = map(int, re.search(r'(\d+) tried, (\d+) caught', summary[0]).groups())
@@ -110,9 +113,26 @@ def student_text(folder):
     return texts
 
 
+def handout_questions():
+    """['A1 Q1', 'A1 Q2', ...]: every numbered written question of the handout, read from its Written paragraphs."""
+    with open(os.path.join(ROOT, 'assignments', 'README.md'), encoding='utf-8') as f:
+        handout = f.read()
+    questions = []
+    for name, section in re.findall(r'^## (A\d+)\.(.*?)(?=^## )', handout, flags=re.M | re.S):
+        written = re.search(r'\*\*Written\b.*?(?=\n\n|\Z)', section, flags=re.S)
+        if written:
+            questions += [f"{name} Q{n}" for n in dict.fromkeys(re.findall(r'\((\d)\) ', written.group(0)))]
+    return questions
+
+
+def normalized(text):
+    return re.sub(r'\s+', ' ', text.replace('`', '')).lower()
+
+
 def test_the_student_copy_states_no_answer(tmp_path):
-    """No figures, no answer key, the student README instead of the project's, and none of the answer key's
-    numbers or key sentences, nor the project README's result numbers, anywhere in the copy."""
+    """No figures, no answer key, no instructor section, the student README instead of the project's, and none of
+    the answer markers the key lists for each written question (read from key.json, each checked to be in the
+    key's prose), nor the project README's result numbers, anywhere in the copy."""
     make_student.make_student(str(tmp_path))
     assert not (tmp_path / 'figures').exists() and not (tmp_path / 'assignments' / 'key').exists()
     assert not (tmp_path / 'tests').exists() and not (tmp_path / 'assignments' / 'STUDENT_README.md').exists()
@@ -121,24 +141,87 @@ def test_the_student_copy_states_no_answer(tmp_path):
     with open(os.path.join(KEY, 'key.json')) as f:
         key = json.load(f)
     with open(os.path.join(KEY, 'KEY.md')) as f:
-        prose = re.sub(r'[*\s]+', ' ', f.read())
-    for sentence in key['key_sentences']:  # the key's sentences are in its prose, so the grep below means something
-        assert sentence.lower() in prose.lower(), sentence
+        prose = normalized(re.sub(r'(?<![\w)])\*|\*(?![\w(])', ' ', f.read()))  # the italics' asterisks only
+    questions = handout_questions()
+    assert len(questions) >= 14 and sorted(key['questions']) == sorted(questions), \
+        f"key.json's questions {sorted(key['questions'])} against the handout's {questions}"
+    for q, markers in key['questions'].items():
+        phrases = [m for m in markers if re.search(r'[a-z]{3}', m, flags=re.I)]
+        assert phrases, f"{q}: no key phrase among its markers, only numbers"
+        for m in markers:  # each marker is the key's own words, so the grep below means something
+            assert normalized(m) in prose, f"{q}: marker {m!r} is not in KEY.md"
     numbers = set(key['grep_numbers']) | {str(v['reference']) for v in key['numbers'].values()}
     numbers |= {str(x) for v in key['numbers'].values() if v['range'] for x in v['range']}
     # the project README's result tables: every number with a decimal point in a table row
     with open(os.path.join(ROOT, 'README.md')) as f:
         readme_numbers = {n for line in f if line.startswith('|') for n in re.findall(r'\d+\.\d+', line)
                           if len(n.replace('.', '').strip('0')) >= 3}  # 2.244, 30.7, 0.305; not 0.01, 1.5 or 10.0
-    texts = {rel: re.sub(r'\s+', ' ', t) for rel, t in student_text(tmp_path).items()}
+    texts = {rel: normalized(t) for rel, t in student_text(tmp_path).items()}
     found = []
-    for n in sorted(numbers | readme_numbers):
+    for n in sorted(numbers | readme_numbers | {m for ms in key['questions'].values() for m in ms
+                                                 if re.fullmatch(r'[\d.]+', m)}):
         pattern = re.compile(r'(?<![\d.])' + re.escape(n) + r'(?![\d])')
         found += [f"{n} in {rel}" for rel, t in texts.items() if pattern.search(t)]
-    for sentence in key['key_sentences']:
-        found += [f"'{sentence}' in {rel}" for rel, t in texts.items() if sentence.lower() in t.lower()]
+    for q, markers in key['questions'].items():
+        for m in markers:
+            if not re.fullmatch(r'[\d.]+', m):
+                found += [f"{q}: '{m}' in {rel}" for rel, t in texts.items() if normalized(m) in t]
+    for rel, t in texts.items():
+        if 'for instructors' in t or 'assignments/key' in t:
+            found.append(f"an instructor section or a pointer to the key in {rel}")
     assert not found, f"the student copy states answers: {found[:20]}"
     assert len(numbers) >= 15 and len(readme_numbers) >= 20  # the check has something to find
+
+
+def test_the_student_copy_refers_to_no_file_it_does_not_have(tmp_path):
+    """Every path of the instructor's repository that the copy leaves out (files and their folders: tests/,
+    docs/, figures/, the key, the autograder, .ci/) is named nowhere in the copy, except as a figure the copy's
+    own commands write (--fig=, --fig_dir=); and the copy has no CI script that would run what it does not have."""
+    make_student.make_student(str(tmp_path))
+    have = {os.path.relpath(os.path.join(d, f), tmp_path).replace(os.sep, '/')
+            for d, _, fs in os.walk(tmp_path) for f in fs}
+    missing = {rel for rel in make_student.tracked_files(ROOT) if rel not in have and rel != 'README.md'}
+    missing |= {rel.rsplit('/', 1)[0] + '/' for rel in missing if '/' in rel}
+    missing = {m for m in missing if not any(h.startswith(m) for h in have if m.endswith('/'))}  # folders gone
+    assert {'tests/', 'docs/', 'assignments/key/', '.ci/'} <= missing, sorted(missing)[:20]
+    found = []
+    for rel, text in student_text(tmp_path).items():
+        for m in missing:
+            for hit in re.finditer(r'(?<![\w/.-])' + re.escape(m), text):
+                if not re.search(r'--fig(_dir)?=$', text[max(0, hit.start() - 10):hit.start()]):
+                    found.append(f"{m} in {rel}")
+    assert not found, f"the student copy refers to what it does not have: {sorted(set(found))[:20]}"
+    assert not (tmp_path / '.ci').exists(), "the copy's CI would run tests/, which the copy leaves out"
+
+
+def test_make_student_refuses_a_redaction_that_no_longer_matches(tmp_path, monkeypatch):
+    """A sentence of redactions.py not found once in its file: the copy is refused (an answer would ship)."""
+    stale = tmp_path / 'redactions.py'
+    stale.write_text("REDACTIONS = [('train.py', 'a sentence train.py does not have', '')]\n")
+    monkeypatch.setattr(make_student, 'REDACTIONS', str(stale))
+    with pytest.raises(SystemExit, match='found 0 times there, not once'):
+        make_student.make_student(str(tmp_path / 'copy'))
+
+
+def test_the_graders_run_torch_on_one_thread():
+    """assignments/tests/conftest.py's fixture: one thread inside a grader module, the previous count after."""
+    import importlib.util
+    import torch
+    spec = importlib.util.spec_from_file_location('grader_conftest',
+                                                  os.path.join(ROOT, 'assignments', 'tests', 'conftest.py'))
+    conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conftest)
+    fixture = getattr(conftest.one_thread, '__wrapped__', None) or conftest.one_thread.__pytest_wrapped__.obj
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        steps = fixture()
+        next(steps)
+        assert torch.get_num_threads() == 1
+        next(steps, None)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_make_student_refuses_a_used_folder_and_unknown_assignments(tmp_path):
@@ -154,6 +237,10 @@ def test_make_student_refuses_to_run_from_a_stripped_copy(tmp_path):
     """From a student copy it would hand out the student's code as the reference: it refuses, in one line."""
     copy = tmp_path / 'copy'
     make_student.make_student(str(copy), ['a4'])
+    assert not (copy / 'assignments' / 'make_student.py').exists()  # the tool is not handed out
+    for tool in ('make_student.py', 'stubs.py'):  # an instructor who copies it into a student copy anyway
+        with open(os.path.join(ROOT, 'assignments', tool)) as f:
+            (copy / 'assignments' / tool).write_text(f.read())
     code, out = run([sys.executable, os.path.join('assignments', 'make_student.py'), str(tmp_path / 'again')], copy)
     assert code != 0 and out.strip().count('\n') == 0 and 'no .git' in out, out
     os.makedirs(copy / '.git')  # a student who runs git init: the stubs still give it away

@@ -3,9 +3,9 @@ Sentences of the reference files that answer a written question, or point at a f
 and what the student copy says instead. make_student.py applies them to the copy only: the reference files stay
 as they are. This list lives in the key because each entry quotes the answer it removes.
 
-Each entry is (file, the reference text, its replacement in the copy). make_student.py refuses to write a copy
-when a reference text is not found exactly once (the source changed under it): an answer would otherwise ship
-unnoticed. Whitespace inside a docstring counts, so quote it as the file has it.
+Each entry is (file, the reference text, its replacement in the copy[, required]). make_student.py refuses to
+write a copy when a required reference text is not found exactly once (the source changed under it): an answer
+would otherwise ship unnoticed. An optional one (required False) may be absent. Whitespace inside a docstring counts, so quote it as the file has it.
 """
 
 REDACTIONS = [
@@ -29,10 +29,11 @@ REDACTIONS = [
      "    alpha = sigmoid(logit) is learned from 0.5 unless fixed; log s_ref is learned too (an EMA of the batch's\n"
      "    log s, the other option, let alpha collapse to 0 under terminal cross-entropy).\"\"\"\n",
      "    alpha = sigmoid(logit) is learned from 0.5 unless fixed; log s_ref is learned too.\"\"\"\n"),
-    # sections of the project README, which the copy replaces with the student README
-    ('looped.py', ' (README: "Where this differs from the paper").', '.'),
-    ('sample.py', "# out/laptop, the run of the README's main command", '# out/laptop, the default run of train.py'),
-    ('plot_norms.py', '; the README quotes these, so no verdict is', '; no verdict is'),
+    # pointers at sections of the project README, which the copy replaces with the student README: optional
+    # (False), since no answer ships if one disappears from the source; the instructor check finds any new one
+    ('looped.py', ' (README: "Where this differs from the paper").', '.', False),
+    ('sample.py', "# out/laptop, the run of the README's main command", '# out/laptop, the default run of train.py',
+     False),
     ('data/shakespeare_char/prepare.py', 'so the counts differ from the README\'s")',
-     'so the counts differ from the classic file\'s")'),
+     'so the counts differ from the classic file\'s")', False),
 ]
