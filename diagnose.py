@@ -243,6 +243,75 @@ def exit_benchmark(model, x, y, K, batch_size=32, repeats=3):
     return rows
 
 
+# ---- the same benchmark over many runs: plot_norms.py's exit_table.md and fig4_pareto.png ----
+
+def exit_results(groups, max_windows):
+    """exit_benchmark for every run of plot_norms' groups ({condition: runs}), from its ckpt.pt: {condition: [rows
+    of each seed]}. It times real batched runs, so the tok/s columns mean something only on an otherwise idle machine."""
+    device = resolve_device().device
+    results = {}
+    for name, runs in groups.items():
+        results[name] = []
+        for run in runs:
+            model, ckpt = LoopedGPT.from_checkpoint(run['folder'], device)
+            x, y = windows(val_tokens(ckpt), model.config.block_size, max_windows)
+            results[name].append(exit_benchmark(model, x, y, model.config.n_loop))
+    return results
+
+
+def seed_mean(seeds, score, point, key):
+    """One entry of exit_benchmark's rows (score, operating point -> key: loops, ppl or tok_s), averaged over the
+    seeds of a condition (seeds: one list of rows per seed)."""
+    return float(np.mean([next(r[key] for r in rows if r['score'] == score and r['point'] == point) for rows in seeds]))
+
+
+def exit_summary(results):
+    """exit_table.md's header and rows. Per condition (mean over seeds): the plain depth-K model's perplexity and
+    tok/s, and for every score the calibrated exit's mean loops, perplexity and tok/s, measured on the held-out half
+    of the windows."""
+    header = ['condition', 'ppl (depth K)', 'tok/s (depth K)'] + [f"{s} {col}" for s in SCORES
+                                                                  for col in ('loops', 'ppl', 'tok/s')]
+    rows = []
+    for name, seeds in results.items():
+        plain = seeds[0][0]['point']  # 'depth K': the first row, the model without an exit
+        row = [name, f"{seed_mean(seeds, 'none', plain, 'ppl'):.3f}", f"{seed_mean(seeds, 'none', plain, 'tok_s'):,.0f}"]
+        for s in SCORES:
+            row += [f"{seed_mean(seeds, s, 'calibrated', 'loops'):.2f}", f"{seed_mean(seeds, s, 'calibrated', 'ppl'):.3f}",
+                    f"{seed_mean(seeds, s, 'calibrated', 'tok_s'):,.0f}"]
+        rows.append(row)
+    return header, rows
+
+
+def plot_pareto(results, path, title, styles):
+    """fig4_pareto.png: perplexity against measured throughput, one panel per exit score and one line per
+    condition through its operating points (mean over seeds; styles: (colour, line, marker) per condition, the
+    other figures' own); the star is the plain depth-K model."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+    fig, axes = plt.subplots(1, len(SCORES), figsize=(15, 4.8), sharey=True)
+    for ax, score in zip(axes, SCORES):
+        for (name, seeds), (color, ls, marker) in zip(results.items(), styles):
+            points = [p['point'] for p in seeds[0] if p['score'] == score]
+            xy = sorted((seed_mean(seeds, score, p, 'tok_s'), seed_mean(seeds, score, p, 'ppl')) for p in points)
+            ax.plot(*zip(*xy), color=color, ls=ls, marker=marker, ms=4, label=name)
+            plain = seeds[0][0]['point']
+            ax.plot(seed_mean(seeds, 'none', plain, 'tok_s'), seed_mean(seeds, 'none', plain, 'ppl'),
+                    marker='*', ms=12, color=color, ls='none')
+        ax.set(xlabel='measured throughput (thousand tokens/s)', title=f"score: {score}")
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v / 1000:g}"))
+        ax.grid(True, alpha=0.3)
+    axes[0].set_ylabel('validation perplexity (held-out half)')
+    axes[-1].legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.01, 1))
+    fig.suptitle(f"Early exit per sequence: perplexity against measured speed (star: all sequences run K loops)\n{title}",
+                 fontsize=10)
+    fig.tight_layout()
+    write_atomically(path, lambda f: fig.savefig(f, dpi=130, format='png'))  # never through a planted link
+    plt.close(fig)
+    return path
+
+
 # ---- the scale mechanism ----
 
 def scale_sensitivity(model, x, y, K, scales=SCALES):

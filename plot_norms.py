@@ -1,143 +1,46 @@
 """
-The paper's figures and table from training logs (out/*/log.jsonl), optionally training the grid first.
+The paper's figures and tables from training logs (out/*/log.jsonl); with --run, grid.py trains the runs first.
 
-Draw from runs that exist (folders or quoted globs):
-    python plot_norms.py out/laptop out/laptop-raw out/laptop-pen0.01 out/laptop-normed
-    python plot_norms.py 'out/grid/laptop/*' --fig_dir=figures/laptop
-Train the paper's conditions (finished runs are reused, interrupted ones resumed), then draw:
-    python plot_norms.py --run                                # laptop configuration, 1 seed
-    python plot_norms.py --run --config=gpu_char --seeds=3    # on a GPU
+    python plot_norms.py out/laptop out/laptop-raw 'out/grid/laptop/*' --fig_dir=figures/mine   # runs you have
+    python plot_norms.py --run                                # train the grid (laptop, 1 seed), then draw
+    python plot_norms.py --run --config=gpu_char --seeds=3    # on a GPU; rerun to continue after Ctrl-C
 
-Writes to --fig_dir: fig1_norm_explosion.png (final-loop ||h_K|| against step, log scale),
-fig2_norm_by_loop.png (||h_k|| against loop k at the end), fig3_loss_by_depth.png (validation loss
-against exit depth 1..K and 2K), fig6_crossover.png (validation loss at depth K against step, and each
-condition's gap to the reference condition, per_loop + rmsnorm unless --reference says otherwise: claim 4),
-table.md / table.csv, and from each run's checkpoint the timed per-sequence early-exit benchmark
-(diagnose.exit_benchmark): exit_table.md and fig4_pareto.png (perplexity against measured tokens/s; time it
-on an otherwise idle machine). Every run is read at its own K (the n_loop in its log header).
+Writes to --fig_dir: fig1_norm_explosion (||h_K|| against step), fig2_norm_by_loop (||h_k|| against loop k),
+fig3_loss_by_depth (loss at exit depths 1..K and 2K), fig5_alpha (the alpha readout's exponent),
+fig6_crossover (claim 4: loss at depth K against step, and the paired gap to --reference), table.md and
+table.csv (per condition, mean +- std over seeds; table.md's second table and paired.csv: the paired
+differences), and from each run's checkpoint the timed early-exit benchmark (exit_table.md, fig4_pareto;
+time it on an otherwise idle machine). Every run is read at its own K (the n_loop in its log header).
 
-Paired differences (table.md's second table, paired.csv, fig6's middle and right panels): runs of one seed
-share their initialization and batches, so each condition is compared with the reference seed by seed (the
-seed in each log header, same settings otherwise, all pairs at one step), and the mean difference gets its
-standard error and a 95% t interval over seeds (n-1 degrees of freedom). The verdict words ("lower than",
-"higher than", "no difference shown" when the interval contains 0) are generated from the intervals.
-
-Ctrl-C during --run passes the interrupt to the running train.py, waits for its checkpoint, and exits 130;
-the same command continues the grid.
+Not here: training and reading the runs (grid.py), which runs are pairs and their t intervals (stats.py), the
+early-exit measurement (diagnose.py: exit_results, exit_summary, plot_pareto).
 """
 
 import argparse
 import csv
 import glob
 import io
-import json
-import math
 import os
 import shlex
-import signal
-import subprocess
 import sys
-import time
 
+import matplotlib
 import numpy as np
 
+matplotlib.use('Agg')  # files only; no display needed (before pyplot is imported)
+import matplotlib.pyplot as plt  # noqa: E402
+
+import diagnose
 from data.common import check_writable, write_atomically
-from looped import LoopedGPT, resolve_device
+from grid import CONDITIONS, LogError, group_runs, load_run, run_grid, slug
+from stats import LEVEL, REFERENCE, pair_up, paired_diffs, paired_rows, paired_stats, progress
 from train import CONFIGS
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-# The paper's main grid plus the two variants its abstract names; each is one train.py run per seed.
-CONDITIONS = {
-    'terminal + rmsnorm': ['--supervision=terminal', '--readout=rmsnorm'],
-    'terminal + raw': ['--supervision=terminal', '--readout=raw'],
-    'per_loop + rmsnorm': ['--supervision=per_loop', '--readout=rmsnorm'],
-    'per_loop + raw': ['--supervision=per_loop', '--readout=raw'],
-    'per_loop + final_norm': ['--supervision=per_loop', '--readout=final_norm'],
-    'terminal + rmsnorm + penalty': ['--supervision=terminal', '--readout=rmsnorm', '--norm_penalty=0.01'],
-    'per_loop + rmsnorm + penalty': ['--supervision=per_loop', '--readout=rmsnorm', '--norm_penalty=0.01'],
-    'per_loop + layernorm': ['--supervision=per_loop', '--readout=layernorm'],
-    'per_loop + rmsnorm + normed': ['--supervision=per_loop', '--readout=rmsnorm', '--recurrence=normed'],
-    'per_loop + alpha': ['--supervision=per_loop', '--readout=alpha'],
-}
-# Claim 4 (scale control wins at matched depth once training is long enough) compares per-loop runs only.
-CLAIM4 = ['per_loop + rmsnorm', 'per_loop + raw', 'per_loop + rmsnorm + penalty', 'per_loop + final_norm',
-          'per_loop + rmsnorm + normed', 'per_loop + alpha']
-# laptop_deep asks whether the ranking of the two readouts turns in a deeper stack (13 minutes a run on 2 cores)
-GRID_CONDITIONS = {'laptop_long': CLAIM4, 'laptop_deep': ['per_loop + rmsnorm', 'per_loop + raw']}  # others: all ten
-# Grid runs are shorter than single runs: on 'laptop' all ten fit in about 15 minutes on a 2-core CPU.
-GRID_FLAGS = {'laptop': ['--max_iters=200', '--eval_interval=40', '--eval_iters=4'],
-              'gpu_char': ['--max_iters=1000', '--eval_interval=100']}
 # Okabe-Ito colours (colour-blind safe; its yellow swapped for a darker wine, which reads on white) with
 # line styles and markers, so the figures also read in grey.
 STYLES = [('#000000', '-', 'o'), ('#E69F00', '--', 's'), ('#56B4E9', '-.', '^'), ('#009E73', ':', 'D'),
           ('#882255', '-', 'v'), ('#0072B2', '--', 'P'), ('#D55E00', '-.', 'X'), ('#CC79A7', ':', '*'),
           ('#999999', '-', 'h'), ('#44AA99', '--', 'p')]
-
-
-class LogError(Exception):
-    """A run folder that cannot be read; the message names the folder."""
-
-
-def condition_name(cfg):
-    """The CONDITIONS key of a run, from the model config in its log."""
-    name = f"{cfg['supervision']} + {cfg['readout']}"
-    if cfg.get('alpha') is not None:
-        name += f" {cfg['alpha']:g}"
-    if cfg['norm_penalty'] > 0:
-        name += ' + penalty' if cfg['norm_penalty'] == 0.01 else f" + penalty {cfg['norm_penalty']:g}"
-    if cfg['recurrence'] == 'normed':
-        name += ' + normed'
-    if cfg['init'] != 'paper':
-        name += f" ({cfg['init']} init)"
-    return name
-
-
-def load_run(folder):
-    """{'name', 'config', 'records'} from folder/log.jsonl; LogError with a one-line reason otherwise."""
-    path = os.path.join(folder, 'log.jsonl')
-    if not os.path.isfile(path):
-        raise LogError(f"{folder}: no log.jsonl (not a train.py run folder?)")
-    try:
-        with open(path) as f:
-            text = f.read()
-        # a run still training may be halfway through appending a line: read up to its last complete one
-        # (train.py's own log repair drops a cut last line the same way)
-        lines = [json.loads(line) for line in text[:text.rfind('\n') + 1].splitlines() if line.strip()]
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise LogError(f"{folder}: log.jsonl is not valid JSON lines ({e})") from None
-    if not lines:
-        raise LogError(f"{folder}: log.jsonl is empty")
-    head, records = lines[0], lines[1:]
-    need = {'step', 'train_loss', 'val_loss', 'hidden_norm', 'elapsed_s'}
-    K = head.get('config', {}).get('model', {}).get('n_loop')
-    # one scheme: val_loss and hidden_norm hold every depth 1..2K
-    if K is None or not all(need <= set(r) and len(r['val_loss']) == len(r['hidden_norm']) == 2 * K for r in records):
-        raise LogError(f"{folder}: log.jsonl is in an older or unknown format; rerun it with this train.py")
-    if not records:
-        raise LogError(f"{folder}: log.jsonl has no evaluation yet")
-    cfg = head['config']['model']
-    # K is each run's own: runs of different depths can share one plot
-    return {'folder': folder, 'name': condition_name(cfg), 'config': head['config'], 'records': records, 'K': K}
-
-
-def group_runs(runs):
-    """Runs that differ only in their seed together, in CONDITIONS order, then any others."""
-    # two runs are seeds of one condition when every flag but these agrees (max_iters: a resumed, longer run
-    # is still the same condition)
-    same = lambda run: json.dumps({k: v for k, v in run['config'].items()
-                                   if k not in ('seed', 'out_dir', 'resume', 'overwrite', 'max_iters')}, sort_keys=True)
-    by_setting = {}
-    for run in runs:
-        by_setting.setdefault(same(run), []).append(run)
-    groups = {}
-    for members in by_setting.values():
-        name = members[0]['name']
-        if name in groups:  # same condition, other settings (width, learning rate...): tell them apart
-            name += f" [{os.path.basename(os.path.normpath(members[0]['folder']))}]"
-        groups[name] = members
-    order = list(CONDITIONS) + sorted(set(groups) - set(CONDITIONS))
-    return {name: groups[name] for name in order if name in groups}
 
 
 def caught_up(groups):
@@ -160,148 +63,16 @@ def series(runs, key, index=None):
 
 
 def mean_std(values):
-    """Mean and spread over seeds, for the first table and the bands; the paired table is where intervals are."""
-    # std over seeds (population, ddof 0): it describes the spread seen, it is no confidence interval
+    """Mean and spread over seeds, for the first table and the bands; the paired table is where intervals are. The
+    std is the population one (ddof 0): it describes the spread seen, it is no confidence interval."""
     values = np.asarray(values, dtype=float)
     return values.mean(axis=0), values.std(axis=0)
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# paired statistics: runs of one seed share their initialization and batches, so a condition is compared with the
-# reference seed by seed, and the spread of those differences over seeds (not the two conditions' own spreads) is
-# what an interval must come from
-
-REFERENCE = 'per_loop + rmsnorm'  # the scale-invariant readout that claim 4's variants are measured against
-LEVEL = 0.95
-# the flags that make a condition; two runs that agree on everything else and share a seed are a pair
-CONDITION_KEYS = ('supervision', 'readout', 'alpha', 'norm_penalty', 'recurrence', 'init')
-
-
-def t_cdf(x, df):
-    """P(T <= x) for Student's t with df degrees of freedom, for t_quantile: Simpson's rule on the density over
-    [0, |x|] (smooth and short, so 20,000 panels are exact far below the digits printed)."""
-    grid = np.linspace(0.0, abs(x), 20001)
-    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
-    density = np.exp(log_c - (df + 1) / 2 * np.log1p(grid ** 2 / df))
-    area = (grid[1] - grid[0]) / 3 * (density[0] + density[-1] + 4 * density[1:-1:2].sum() + 2 * density[2:-1:2].sum())
-    return 0.5 + math.copysign(area, x)
-
-
-def t_quantile(p, df):
-    """The p-quantile of Student's t with df degrees of freedom, by bisection on t_cdf: scipy is not a dependency
-    and torch's StudentT has no icdf."""
-    if p < 0.5:
-        return -t_quantile(1 - p, df)
-    lo, hi = 0.0, 1.0
-    while t_cdf(hi, df) < p:  # bracket the quantile first: for df = 1 it is 12.7 at p = 0.975
-        lo, hi = hi, 2 * hi
-    for _ in range(50):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
-    return (lo + hi) / 2
-
-
-def paired_stats(diffs, level=LEVEL):
-    """Mean, standard error and two-sided t interval (n - 1 degrees of freedom) of seed-by-seed differences
-    (pairs along axis 0, any depths along axis 1). SE and interval are nan below two pairs: one pair has no spread."""
-    d = np.asarray(diffs, dtype=float)
-    n, mean = len(d), d.mean(axis=0)
-    if n < 2:
-        nan = np.full_like(mean, np.nan)
-        return {'n': n, 'df': 0, 'mean': mean, 'se': nan, 'lo': nan, 'hi': nan, 't': math.nan}
-    se = d.std(axis=0, ddof=1) / math.sqrt(n)  # ddof 1: the sample std that the t distribution is built for
-    t = t_quantile(0.5 + level / 2, n - 1)
-    return {'n': n, 'df': n - 1, 'mean': mean, 'se': se, 'lo': mean - t * se, 'hi': mean + t * se, 't': t}
-
-
-def verdict(lo, hi, reference):
-    """The words for one interval of (condition minus reference) loss; the README quotes these, so no verdict is
-    ever written by hand."""
-    if not (math.isfinite(lo) and math.isfinite(hi)):
-        return 'no interval (fewer than 2 pairs)'
-    if hi < 0:
-        return f"lower than {reference}"
-    if lo > 0:
-        return f"higher than {reference}"
-    return 'no difference shown'
-
-
-def setting(run):
-    """A run's configuration without its condition, seed and folder: a condition's run and the reference's run of
-    one seed are a pair only where these agree (model size, data, learning rate, evaluations...)."""
-    skip = {'seed', 'out_dir', 'resume', 'overwrite', 'max_iters', 'num_params', 'model', *CONDITION_KEYS}
-    c = {k: v for k, v in run['config'].items() if k not in skip}
-    c['model'] = {k: v for k, v in run['config']['model'].items() if k not in CONDITION_KEYS}
-    return json.dumps(c, sort_keys=True)
-
-
-def at_step(run, step):
-    """The run's evaluation record at step, or None."""
-    return next((r for r in run['records'] if r['step'] == step), None)
-
-
-def progress(run):
-    """'folder at step 800 of 2000': where a run's log ends, for notes on runs left out or still training."""
-    return f"{run['folder']} at step {run['records'][-1]['step']} of {run['config'].get('max_iters')}"
-
-
-def pair_up(groups, reference):
-    """Every other condition's runs matched with the reference's by seed (the seed in each log header) and setting,
-    compared at one step per condition: {condition: {'step', 'K', 'pairs': [(seed, run, reference run)],
-    'left_out': [reason, ...]}}."""
-    refs = {(setting(run), run['config']['seed']): run for runs in groups.values() for run in runs
-            if run['name'] == reference}
-    paired = {}
-    for name, runs in groups.items():
-        if not refs:  # nothing to compare with (plots of other conditions only): no paired table, and no noise
-            break
-        if runs[0]['name'] == reference:
-            continue
-        candidates, left_out = [], []
-        for run in runs:
-            seed = run['config']['seed']
-            ref = refs.get((setting(run), seed))
-            if seed in [c[0] for c in candidates]:  # a copy of a run must not count its seed twice
-                left_out.append(f"seed {seed}: {run['folder']} is a second run of this seed")
-            elif ref is None:
-                left_out.append(f"seed {seed}: no {reference} run of seed {seed} with the same settings as "
-                                f"{run['folder']}")
-            else:  # the last step both have evaluated: a finished run against one still training meets it there
-                candidates.append((seed, run, ref, min(run['records'][-1]['step'], ref['records'][-1]['step'])))
-        if not candidates:
-            paired[name] = {'step': None, 'K': runs[0]['K'], 'pairs': [], 'left_out': left_out}
-            continue
-        # one step per condition, the one most pairs reach (ties: the later): a mean over pairs compared at different
-        # steps would mix training lengths, so a seed that has not got there yet is left out, not cut short
-        steps = [c[3] for c in candidates]
-        step = max(set(steps), key=lambda s: (steps.count(s), s))
-        pairs = []
-        for seed, run, ref, s in sorted(candidates, key=lambda c: c[0]):
-            if s == step and at_step(run, step) and at_step(ref, step):
-                pairs.append((seed, run, ref))
-            else:
-                left_out.append(f"seed {seed}: {progress(run)}, {progress(ref)} (the other pairs are compared at "
-                                f"step {step})")
-        paired[name] = {'step': step, 'K': runs[0]['K'], 'pairs': pairs, 'left_out': left_out}
-    return paired
-
-
-def paired_diffs(entry, step=None):
-    """(pairs, 2K) array: each pair's validation loss at depths 1..2K minus the reference's, at step (default: the
-    condition's comparison step)."""
-    step = entry['step'] if step is None else step
-    return np.array([np.subtract(at_step(run, step)['val_loss'], at_step(ref, step)['val_loss'])
-                     for _, run, ref in entry['pairs']])
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# figures and tables
-
 def describe(runs):
     """'0.55M-parameter looped LM (2 layers x K=4, d=128) on shakespeare_char' for figure titles (K=2/3 when the
     runs differ in depth)."""
-    c = runs[0]['config']
-    m = c['model']
+    c, m = runs[0]['config'], runs[0]['config']['model']
     n = c.get('num_params')
     size = f"{n / 1e6:.2f}M-parameter " if n else ''
     Ks = '/'.join(map(str, sorted({run['K'] for run in runs})))
@@ -310,7 +81,6 @@ def describe(runs):
 
 def finish(fig, ax, path):
     """Grid, legend outside the axes (the lines need the room), PNG plus an SVG copy for papers and slides."""
-    import matplotlib.pyplot as plt
     ax.grid(True, which='both', alpha=0.3)
     ax.legend(fontsize=8, loc='upper left', bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
@@ -334,43 +104,61 @@ def final_curves(ax, groups, key, depths_of):
         ax.errorbar(depths, mean, yerr=std if len(runs) > 1 else None, color=color, ls=ls, marker=marker, ms=5, label=name)
 
 
+def line_with_band(ax, steps, values, style, name, ms=4, floor=None):
+    """The mean over seeds against step, with a +- 1 std band when there is more than one seed (values: (seeds,
+    evals)); floor keeps the band above 0 on a log scale."""
+    color, ls, marker = style
+    mean, std = mean_std(values)
+    ax.plot(steps, mean, color=color, ls=ls, marker=marker, ms=ms, label=name)
+    if len(values) > 1:
+        ax.fill_between(steps, mean - std if floor is None else np.maximum(mean - std, floor), mean + std,
+                        color=color, alpha=0.15)
+
+
 def plot(groups, fig_dir, paired, reference=REFERENCE):
     """The figures; returns their paths. Every run is read at its own K."""
-    import matplotlib
-    matplotlib.use('Agg')  # files only; no display needed
-    import matplotlib.pyplot as plt
-
     os.makedirs(fig_dir, exist_ok=True)
     seeds = sorted({len(runs) for runs in groups.values()})
     title = describe([run for runs in groups.values() for run in runs])
     title += f", {'/'.join(map(str, seeds))} seed{'s' * (seeds != [1])} per condition"
     title += '\n(mean over seeds; band: +- 1 std)' if seeds != [1] else ''
-    Ks = sorted({runs[0]['K'] for runs in groups.values()})
     style = dict(zip(groups, STYLES * 2))
-    paths = []
+    paths = [plot_norm_explosion(groups, style, title, fig_dir), plot_norm_by_loop(groups, title, fig_dir),
+             plot_loss_by_depth(groups, title, fig_dir)]
+    with_alpha = {name: runs for name, runs in groups.items() if 'alpha' in runs[0]['records'][-1]}
+    if with_alpha:  # the alpha readout's learned exponent: which alpha does cross-entropy choose?
+        paths.append(plot_alpha(with_alpha, title, fig_dir))
+    paths.append(plot_crossover(groups, style, paired, reference, title, fig_dir))
+    return paths
 
+
+def plot_norm_explosion(groups, style, title, fig_dir):
+    """fig1: the final-loop norm ||h_K|| against training step, log scale."""
     fig, ax = plt.subplots(figsize=(10, 5))
     for name, runs in groups.items():
-        color, ls, marker = style[name]
         steps, h = series(runs, 'hidden_norm', runs[0]['K'] - 1)
-        mean, std = mean_std(h)
-        ax.plot(steps, mean, color=color, ls=ls, marker=marker, ms=4, label=name)
-        if len(runs) > 1:
-            ax.fill_between(steps, np.maximum(mean - std, 1e-3), mean + std, color=color, alpha=0.15)
+        line_with_band(ax, steps, h, style[name], name, floor=1e-3)
     ax.set(yscale='log', xlabel='training step', ylabel=r'final-loop norm $\|h_K\|$ (mean over tokens)',
            title=f"Norm explosion\n{title}")
-    paths.append(finish(fig, ax, os.path.join(fig_dir, 'fig1_norm_explosion.png')))
+    return finish(fig, ax, os.path.join(fig_dir, 'fig1_norm_explosion.png'))
 
+
+def plot_norm_by_loop(groups, title, fig_dir):
+    """fig2: ||h_k|| against loop k = 1..2K at the end of training; a grey line at each trained K."""
     fig, ax = plt.subplots(figsize=(10, 5))
     final_curves(ax, groups, 'hidden_norm', lambda K: list(range(1, 2 * K + 1)))
+    Ks = sorted({runs[0]['K'] for runs in groups.values()})
     for K in Ks:
         ax.axvline(K, color='grey', lw=0.8)
         ax.text(K, 0.02, f" trained K={K}" if len(Ks) > 1 else ' trained K', color='grey', va='bottom', fontsize=8,
                 transform=ax.get_xaxis_transform())
     ax.set(yscale='log', xlabel='loop k (beyond K: extrapolation)', ylabel=r'$\|h_k\|$ at the end of training',
            title=f"Norm by loop at the end of training\n{title}")
-    paths.append(finish(fig, ax, os.path.join(fig_dir, 'fig2_norm_by_loop.png')))
+    return finish(fig, ax, os.path.join(fig_dir, 'fig2_norm_by_loop.png'))
 
+
+def plot_loss_by_depth(groups, title, fig_dir):
+    """fig3: validation loss against exit depth 1..K and 2K at the end of training."""
     fig, ax = plt.subplots(figsize=(10, 5))
     final_curves(ax, groups, 'val_loss', exit_depths)
     # untrained exits (terminal supervision, early loops) can sit at tens of nats: keep the frame on the rest
@@ -379,59 +167,60 @@ def plot(groups, fig_dir, paired, reference=REFERENCE):
               for runs in groups.values() for run in runs)
     ax.set_ylim(low - 0.05, max(at_K) + 0.5 * (max(at_K) - low) + 0.1)
     ax.set(xlabel='exit depth (loops run before reading out)', ylabel='validation loss (nats per token)',
-           xticks=sorted({d for K in Ks for d in exit_depths(K)}),
+           xticks=sorted({d for runs in groups.values() for d in exit_depths(runs[0]['K'])}),
            title=f"Validation loss by exit depth (points above the frame are off the scale)\n{title}")
-    paths.append(finish(fig, ax, os.path.join(fig_dir, 'fig3_loss_by_depth.png')))
+    return finish(fig, ax, os.path.join(fig_dir, 'fig3_loss_by_depth.png'))
 
-    with_alpha = {name: runs for name, runs in groups.items() if 'alpha' in runs[0]['records'][-1]}
-    if with_alpha:  # the alpha readout's learned exponent: which alpha does cross-entropy choose?
-        fig, ax = plt.subplots(figsize=(10, 5))
-        for (name, runs), (color, ls, marker) in zip(with_alpha.items(), STYLES * 2):
-            steps, a = series(runs, 'alpha')
-            mean, std = mean_std(a)
-            ax.plot(steps, mean, color=color, ls=ls, marker=marker, ms=4, label=name)
-            if len(runs) > 1:
-                ax.fill_between(steps, mean - std, mean + std, color=color, alpha=0.15)
-        ax.set(ylim=(0, 1), xlabel='training step', ylabel=r'$\alpha$ (0: scale-invariant, 1: raw)',
-               title=f"The alpha readout's learned exponent\n{title}")
-        paths.append(finish(fig, ax, os.path.join(fig_dir, 'fig5_alpha.png')))
 
-    # claim 4: does a scale-controlled variant overtake the scale-invariant readout as training goes on, and is the
-    # difference at the end larger than the seeds' paired spread allows by chance?
+def plot_alpha(with_alpha, title, fig_dir):
+    """fig5: the alpha readout's learned exponent against training step."""
+    fig, ax = plt.subplots(figsize=(10, 5))
+    for (name, runs), style in zip(with_alpha.items(), STYLES * 2):
+        steps, a = series(runs, 'alpha')
+        line_with_band(ax, steps, a, style, name)
+    ax.set(ylim=(0, 1), xlabel='training step', ylabel=r'$\alpha$ (0: scale-invariant, 1: raw)',
+           title=f"The alpha readout's learned exponent\n{title}")
+    return finish(fig, ax, os.path.join(fig_dir, 'fig5_alpha.png'))
+
+
+def paired_gaps(middle, right, entry, style, name, nudge):
+    """One condition's paired gap to the reference: against step at depth K, over the evaluations every pair has up
+    to the comparison step (middle), and against depth at the comparison step (right), each with its t interval."""
+    color, ls, marker = style
+    K = entry['K']
+    steps = sorted(set.intersection(*[{r['step'] for r in x['records']} for _, run, ref in entry['pairs']
+                                      for x in (run, ref)]))
+    steps = [s for s in steps if s <= entry['step']]
+    gap = np.stack([paired_diffs(entry, s)[:, K - 1] for s in steps], axis=1)  # (pairs, steps)
+    stats = paired_stats(gap)
+    middle.plot(steps, stats['mean'], color=color, ls=ls, marker=marker, ms=3, label=name)
+    if stats['n'] > 1:
+        middle.fill_between(steps, stats['lo'], stats['hi'], color=color, alpha=0.15)
+    stats = paired_stats(paired_diffs(entry))
+    depths = np.arange(1, 2 * K + 1) + nudge  # nudged sideways so that the conditions' bars do not overlap
+    yerr = None if stats['n'] < 2 else [stats['mean'] - stats['lo'], stats['hi'] - stats['mean']]
+    right.errorbar(depths, stats['mean'], yerr=yerr, color=color, ls=ls, marker=marker, ms=4, capsize=2,
+                   label=f"{name} ({stats['n']} pair{'s' * (stats['n'] != 1)}, step {entry['step']})")
+
+
+def plot_crossover(groups, style, paired, reference, title, fig_dir):
+    """fig6, claim 4: does a scale-controlled variant overtake the scale-invariant readout as training goes on (left:
+    loss at depth K), and is the difference larger than the seeds' paired spread allows by chance (middle, right)?"""
     fig, (left, middle, right) = plt.subplots(1, 3, figsize=(20, 5.5))
     for name, runs in groups.items():
-        color, ls, marker = style[name]
         steps, loss = series(runs, 'val_loss', runs[0]['K'] - 1)
-        mean, std = mean_std(loss)
-        left.plot(steps, mean, color=color, ls=ls, marker=marker, ms=3, label=name)
-        if len(runs) > 1:
-            left.fill_between(steps, mean - std, mean + std, color=color, alpha=0.15)
+        line_with_band(left, steps, loss, style[name], name, ms=3)
     finals = [series(runs, 'val_loss', runs[0]['K'] - 1)[1][:, -1].mean() for runs in groups.values()]
     left.set_ylim(min(finals) - 0.15, max(finals) + 0.6)  # the first evaluations sit far above: keep the end in view
-    left.set(xlabel='training step', ylabel='validation loss at depth K=' + '/'.join(map(str, Ks)),
+    Ks = '/'.join(map(str, sorted({runs[0]['K'] for runs in groups.values()})))
+    left.set(xlabel='training step', ylabel=f'validation loss at depth K={Ks}',
              title='validation loss at the trained depth\n(mean over seeds; band: +- 1 std)')
     shown = {name: entry for name, entry in paired.items() if entry['pairs']}
-    for name, entry in shown.items():
-        color, ls, marker = style[name]
-        K = entry['K']
-        # the gap against step, pair by pair, over the evaluations every pair has up to the comparison step
-        steps = sorted(set.intersection(*[{r['step'] for r in x['records']} for _, run, ref in entry['pairs']
-                                          for x in (run, ref)]))
-        steps = [s for s in steps if s <= entry['step']]
-        gap = np.stack([paired_diffs(entry, s)[:, K - 1] for s in steps], axis=1)  # (pairs, steps)
-        stats = paired_stats(gap)
-        middle.plot(steps, stats['mean'], color=color, ls=ls, marker=marker, ms=3, label=name)
-        if stats['n'] > 1:
-            middle.fill_between(steps, stats['lo'], stats['hi'], color=color, alpha=0.15)
-        # the gap against depth at the comparison step, with its interval (nudged sideways so the bars do not overlap)
-        stats = paired_stats(paired_diffs(entry))
-        depths = np.arange(1, 2 * K + 1) + 0.06 * (list(shown).index(name) - (len(shown) - 1) / 2)
-        yerr = None if stats['n'] < 2 else [stats['mean'] - stats['lo'], stats['hi'] - stats['mean']]
-        right.errorbar(depths, stats['mean'], yerr=yerr, color=color, ls=ls, marker=marker, ms=4, capsize=2,
-                       label=f"{name} ({stats['n']} pair{'s' * (stats['n'] != 1)}, step {entry['step']})")
-    ref_color = style[reference][0] if reference in style else 'grey'
+    for i, (name, entry) in enumerate(shown.items()):
+        paired_gaps(middle, right, entry, style[name], name, 0.06 * (i - (len(shown) - 1) / 2))
     for ax in (middle, right):
-        ax.axhline(0, color=ref_color, lw=1.2, label=f"{reference} (the zero line)")
+        ax.axhline(0, color=style[reference][0] if reference in style else 'grey', lw=1.2,
+                   label=f"{reference} (the zero line)")
     paired_Ks = sorted({entry['K'] for entry in shown.values()})
     for K in paired_Ks:
         right.axvline(K, color='grey', lw=0.8, ls=':')
@@ -458,8 +247,7 @@ def plot(groups, fig_dir, paired, reference=REFERENCE):
     fig.tight_layout()
     save_figure(fig, os.path.join(fig_dir, 'fig6_crossover.png'), dpi=130)
     plt.close(fig)
-    paths.append(os.path.join(fig_dir, 'fig6_crossover.png'))
-    return paths
+    return os.path.join(fig_dir, 'fig6_crossover.png')
 
 
 def table(groups, fig_dir, paired, reference=REFERENCE, behind=()):
@@ -494,8 +282,7 @@ def table(groups, fig_dir, paired, reference=REFERENCE, behind=()):
 
 def paired_table(paired, reference, fig_dir):
     """The paired differences to the reference as markdown (returned) and paired.csv: at depth K with the verdict,
-    and at every depth 1..2K."""
-    fmt = lambda v: f"{round(v, 4) + 0.0:+.4f}"  # + 0.0: no '-0.0000' for a difference that rounds to zero
+    and at every depth 1..2K (stats.paired_rows)."""
     lines = [f"Paired differences to {reference}: validation loss (nats) minus {reference}'s, seed by seed (runs "
              "paired by the seed in their log header, with the same settings, compared at one step), then the mean, "
              f"its standard error (sample std / sqrt(n)) and a {LEVEL:.0%} t interval over seeds with n-1 degrees of "
@@ -504,35 +291,7 @@ def paired_table(paired, reference, fig_dir):
         if os.path.exists(os.path.join(fig_dir, 'paired.csv')):  # an earlier plot's: it does not describe these runs
             os.remove(os.path.join(fig_dir, 'paired.csv'))
         return lines[0] + f"\n\nNo paired differences: these runs hold no {reference} run, or no other condition."
-    max_K = max(entry['K'] for entry in paired.values())
-    header = ['condition', 'pairs', 'seeds', 'step', 'diff at depth K', 'SE', f'{LEVEL:.0%} t interval', 'df',
-              'verdict at depth K'] + [f"depth {d}" for d in range(1, 2 * max_K + 1)]
-    if len({entry['K'] for entry in paired.values()}) == 1:  # one K: mark its columns
-        header[8 + max_K] += ' (K)'
-        header[8 + 2 * max_K] += ' (2K)'
-    rows, csv_rows, notes = [], [], []
-    for name, entry in paired.items():
-        notes += [f"{name}, left out: {reason}" for reason in entry['left_out']]
-        if not entry['pairs']:
-            rows.append([name, '0', '', '', '', '', '', '', f"no pairs with {reference}"] + [''] * (2 * max_K))
-            continue
-        K, stats = entry['K'], paired_stats(paired_diffs(entry))
-        seeds = ' '.join(str(seed) for seed, _, _ in entry['pairs'])
-        total = entry['pairs'][0][1]['config'].get('max_iters')
-        step = f"{entry['step']}" + (f" of {total}" if total and entry['step'] < total else '')
-        interval = lambda i: f"[{fmt(stats['lo'][i])}, {fmt(stats['hi'][i])}]" if stats['n'] > 1 else 'n/a'
-        cells = []
-        for i in range(2 * K):  # every depth: the mean, its interval, and the verdict's first word where it is one
-            words = verdict(stats['lo'][i], stats['hi'][i], reference)
-            mark = {'lower': ' lower', 'higher': ' higher'}.get(words.split()[0], '')
-            cells.append(fmt(stats['mean'][i]) + (f" {interval(i)}{mark}" if stats['n'] > 1 else ''))
-            csv_rows.append([name, reference, i + 1, i + 1 == K, stats['n'], seeds, entry['step'], stats['mean'][i],
-                             stats['se'][i], stats['lo'][i], stats['hi'][i], stats['df'], stats['t'], words])
-        rows.append([name, str(stats['n']), seeds, step, fmt(stats['mean'][K - 1]),
-                     f"{stats['se'][K - 1]:.4f}" if stats['n'] > 1 else 'n/a', interval(K - 1),
-                     str(stats['df']) if stats['n'] > 1 else 'n/a',
-                     verdict(stats['lo'][K - 1], stats['hi'][K - 1], reference)]
-                    + cells + [''] * (2 * (max_K - K)))
+    header, rows, csv_rows, notes = paired_rows(paired, reference)
     write_csv(os.path.join(fig_dir, 'paired.csv'), [['condition', 'reference', 'depth', 'is_K', 'pairs', 'seeds', 'step',
                                                      'mean_diff', 'se', 'lo', 'hi', 'df', 't', 'verdict']] + csv_rows)
     lines.append(markdown(header, rows))
@@ -564,161 +323,6 @@ def markdown(header, rows):
     return '\n'.join(lines)
 
 
-def write_markdown(path, header, rows):
-    """A markdown table to path; returns its text."""
-    md = markdown(header, rows)
-    write_text(path, md + '\n')
-    return md
-
-
-def exit_results(groups, max_windows):
-    """diagnose.exit_benchmark for every run, from its ckpt.pt: {condition: [rows of each seed]}. It times real
-    batched runs, so the tok/s columns mean something only on an otherwise idle machine."""
-    import diagnose
-    device = resolve_device().device
-    results = {}
-    for name, runs in groups.items():
-        results[name] = []
-        for run in runs:
-            model, ckpt = LoopedGPT.from_checkpoint(run['folder'], device)
-            x, y = diagnose.windows(diagnose.val_tokens(ckpt), model.config.block_size, max_windows)
-            results[name].append(diagnose.exit_benchmark(model, x, y, model.config.n_loop))
-    return results
-
-
-def seed_mean(seeds, score, point, key):
-    """One entry of exit_benchmark's rows (score, operating point -> key: loops, ppl or tok_s), averaged over the
-    seeds of a condition (seeds: one list of rows per seed)."""
-    return float(np.mean([next(r[key] for r in rows if r['score'] == score and r['point'] == point) for rows in seeds]))
-
-
-def exit_table(results, fig_dir):
-    """Per condition (mean over seeds): the plain depth-K model's perplexity and tok/s, and for every score the
-    calibrated exit's mean loops, perplexity and tok/s, measured on the held-out half of the windows."""
-    import diagnose
-    header = ['condition', 'ppl (depth K)', 'tok/s (depth K)'] + [f"{s} {col}" for s in diagnose.SCORES
-                                                                  for col in ('loops', 'ppl', 'tok/s')]
-    rows = []
-    for name, seeds in results.items():
-        plain = seeds[0][0]['point']  # 'depth K': the first row, the model without an exit
-        row = [name, f"{seed_mean(seeds, 'none', plain, 'ppl'):.3f}", f"{seed_mean(seeds, 'none', plain, 'tok_s'):,.0f}"]
-        for s in diagnose.SCORES:
-            row += [f"{seed_mean(seeds, s, 'calibrated', 'loops'):.2f}", f"{seed_mean(seeds, s, 'calibrated', 'ppl'):.3f}",
-                    f"{seed_mean(seeds, s, 'calibrated', 'tok_s'):,.0f}"]
-        rows.append(row)
-    return write_markdown(os.path.join(fig_dir, 'exit_table.md'), header, rows)
-
-
-def plot_pareto(results, fig_dir, title):
-    """fig4_pareto.png: perplexity against measured throughput, one panel per exit score and one line per
-    condition through its operating points (mean over seeds); the star is the plain depth-K model."""
-    import diagnose
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker
-    fig, axes = plt.subplots(1, len(diagnose.SCORES), figsize=(15, 4.8), sharey=True)
-    for ax, score in zip(axes, diagnose.SCORES):
-        for (name, seeds), (color, ls, marker) in zip(results.items(), STYLES * 2):
-            points = [p['point'] for p in seeds[0] if p['score'] == score]
-            xy = sorted((seed_mean(seeds, score, p, 'tok_s'), seed_mean(seeds, score, p, 'ppl')) for p in points)
-            ax.plot(*zip(*xy), color=color, ls=ls, marker=marker, ms=4, label=name)
-            plain = seeds[0][0]['point']
-            ax.plot(seed_mean(seeds, 'none', plain, 'tok_s'), seed_mean(seeds, 'none', plain, 'ppl'),
-                    marker='*', ms=12, color=color, ls='none')
-        ax.set(xlabel='measured throughput (thousand tokens/s)', title=f"score: {score}")
-        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v / 1000:g}"))
-        ax.grid(True, alpha=0.3)
-    axes[0].set_ylabel('validation perplexity (held-out half)')
-    axes[-1].legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.01, 1))
-    fig.suptitle(f"Early exit per sequence: perplexity against measured speed (star: all sequences run K loops)\n{title}",
-                 fontsize=10)
-    fig.tight_layout()
-    path = os.path.join(fig_dir, 'fig4_pareto.png')
-    save_figure(fig, path, dpi=130)
-    plt.close(fig)
-    return path
-
-
-def slug(name):
-    """'per_loop + rmsnorm + penalty' -> 'per_loop-rmsnorm-penalty': a condition's folder name and --conditions value."""
-    return name.replace(' + ', '-')
-
-
-def run_child(cmd):
-    """Run one train.py to its end and return (exit code, its output, the signals received meanwhile). Ctrl-C and
-    SIGTERM are passed on to the child, which saves a checkpoint and exits; plot_norms waits for that save."""
-    received, pending, proc = [], [], None
-
-    def forward(signum, frame):  # the child saves on this signal; plot_norms waits for it instead of dying first
-        received.append(signum)
-        if proc is None:
-            pending.append(signum)
-        else:  # a second Ctrl-C is passed on as well: train.py takes it as "abort now"
-            proc.send_signal(signum)
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        # its own process group: a Ctrl-C in the terminal reaches only plot_norms, which passes it on once (the
-        # child would take a second copy of the same keypress as "abort")
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, process_group=0)
-        while pending:  # one that landed while the child was being started
-            proc.send_signal(pending.pop(0))
-        output = proc.stdout.read()  # interrupted reads resume after forward() (PEP 475)
-        return proc.wait(), output, received
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-def run_grid(config, seeds, out_root, extra, names=None):
-    """Train every condition for every seed, one after another; reuse finished runs, resume interrupted ones.
-    Seed by seed: whatever is finished when the grid is stopped is a complete set of pairs."""
-    folders, t0, trained, train_s = [], time.time(), 0, 0.0
-    names = names or GRID_CONDITIONS.get(config, list(CONDITIONS))
-    jobs = [(name, CONDITIONS[name], seed) for seed in seeds for name in names]
-    for i, (name, flags, seed) in enumerate(jobs):
-        folder = os.path.join(out_root, config, slug(name) + f"-seed{seed}")
-        folders.append(folder)
-        cmd = [sys.executable, os.path.join(HERE, 'train.py'), f'--config={config}', *GRID_FLAGS.get(config, []),
-               *flags, f'--seed={seed}', f'--out_dir={folder}', *extra]
-        state = 'new'
-        # a grid takes a while: rerunning the command must never redo finished work or lose an interrupted run
-        if os.path.exists(os.path.join(folder, 'ckpt.pt')):
-            try:
-                run = load_run(folder)
-                done = run['records'][-1]['step'] >= run['config']['max_iters']
-            except LogError:
-                done = False
-            if done:
-                print(f"[{i + 1}/{len(jobs)}] {folder}: finished earlier, reused")
-                continue
-            cmd.append('--resume')
-            state = 'resumed'
-        elif os.path.exists(os.path.join(folder, 'log.jsonl')):
-            cmd.append('--overwrite')  # a log with no checkpoint: the run died before its first save
-        # from the runs this command trained (reused ones take no time and would make the ETA 0)
-        eta = f", ETA {train_s / trained * (len(jobs) - i) / 60:.0f} min" if trained else ''
-        print(f"[{i + 1}/{len(jobs)}] {folder}: training ({state}{eta})", flush=True)
-        # one process per run: each starts from a clean torch state, and a crash names its condition
-        started = time.time()
-        returncode, output, signals = run_child(cmd)
-        trained, train_s = trained + 1, train_s + time.time() - started
-        if os.path.isdir(folder):  # keep train.py's own output beside its log
-            with open(os.path.join(folder, 'train.out'), 'a') as f:
-                f.write(output)
-        last = output.strip().splitlines()[-1] if output.strip() else 'no output'
-        if signals:  # the child has saved (or was aborted by a second Ctrl-C): stop the grid, in one line
-            last = last.split('; continue with')[0]  # train.py's own advice (--resume) is the grid's to follow, not the user's
-            print(f"plot_norms.py: interrupted during {name} (seed {seed}): {last}; rerun the same command to "
-                  "continue the grid", file=sys.stderr)
-            sys.exit(128 + signals[0])
-        if returncode != 0:
-            sys.exit(f"plot_norms.py: error: the run for {name} (seed {seed}) failed: {last}")
-    print(f"grid done in {(time.time() - t0) / 60:.1f} min")
-    return folders
-
-
 def get_parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.error = lambda msg: sys.exit(f"plot_norms.py: error: {msg}")
@@ -743,10 +347,9 @@ def get_parser():
     return p
 
 
-def main(argv=None):
-    """Check the flags and the destination, train the grid if asked, read every log, then draw and tabulate."""
-    p = get_parser()
-    args = p.parse_args(argv)
+def check_flags(p, args):
+    """Everything about the flags that can be wrong, before any work: the extra train.py flags, the conditions and
+    the destination. Returns (train_args, conditions or None for the configuration's grid, fig_dir)."""
     if args.seeds < 1:
         p.error(f"--seeds={args.seeds} must be at least 1")
     if not args.run and not args.runs:
@@ -768,49 +371,75 @@ def main(argv=None):
         if unknown:
             p.error(f"--conditions: unknown {', '.join(unknown)}; choose from {', '.join(by_slug)}")
         names = [by_slug[c] for c in args.conditions.split(',')]
+    return train_args, names, fig_dir
 
-    folders = []
-    if args.run:
-        folders = run_grid(args.config, range(1, args.seeds + 1), args.out_root, train_args, names)
-    for pattern in args.runs:  # quoted globs are expanded here, so they work the same on every shell
+
+def read_runs(p, args, folders):
+    """Every run named on the command line (quoted globs expanded here, so they work the same on every shell) after
+    the grid's own folders, read before anything is drawn: one bad folder is one line, not a half-written figure set."""
+    for pattern in args.runs:
         matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
         if not matches:
             p.error(f"{pattern}: matches no folder")
         folders += [m for m in matches if m not in folders]
-    try:  # read every log before drawing anything: one bad folder is one line, not a half-written figure set
-        runs = [load_run(folder) for folder in folders]
+    try:
+        return [load_run(folder) for folder in folders]
     except LogError as e:
         sys.exit(f"plot_norms.py: error: {e}")
+
+
+def pick_reference(p, args, runs):
+    """The condition the others are paired with: --reference by folder or condition name, else REFERENCE."""
+    if args.reference is None:
+        return REFERENCE
+    known = {run['name'] for run in runs}
+    reference = next((n for n in known if args.reference in (n, slug(n))), None)
+    if reference is None:
+        p.error(f"--reference={args.reference}: no such condition among the runs; they hold "
+                + ', '.join(sorted(map(slug, known))))
+    return reference
+
+
+def exit_benchmark(groups, runs, max_windows):
+    """diagnose.exit_results on every run's checkpoint, or None (no windows asked for, or a run without ckpt.pt).
+    Run before any figure is written: a bad checkpoint stops everything, in one line."""
+    if max_windows <= 0:
+        return None
+    if not all(os.path.exists(os.path.join(run['folder'], 'ckpt.pt')) for run in runs):
+        print("no early-exit benchmark: some runs have no ckpt.pt")
+        return None
+    print(f"early-exit benchmark on {len(runs)} checkpoints (timed: keep the machine otherwise idle)", flush=True)
+    try:
+        return diagnose.exit_results(groups, max_windows)
+    except (ValueError, OSError) as e:  # an unreadable checkpoint or dataset: say which, in one line
+        sys.exit(f"plot_norms.py: error: no early-exit benchmark: {e}")
+
+
+def main(argv=None):
+    """Check the flags and the destination, train the grid if asked, read every log, then draw and tabulate."""
+    p = get_parser()
+    args = p.parse_args(argv)
+    train_args, names, fig_dir = check_flags(p, args)
+    folders = run_grid(args.config, range(1, args.seeds + 1), args.out_root, train_args, names) if args.run else []
+    runs = read_runs(p, args, folders)
     groups = group_runs(runs)
-    reference = REFERENCE
-    if args.reference is not None:
-        known = {run['name'] for run in runs}
-        reference = next((n for n in known if args.reference in (n, slug(n))), None)
-        if reference is None:
-            p.error(f"--reference={args.reference}: no such condition among the runs; they hold "
-                    + ', '.join(sorted(map(slug, known))))
+    reference = pick_reference(p, args, runs)
     paired = pair_up(groups, reference)  # from every run: pair_up picks its own step per condition
     groups, behind = caught_up(groups)
     if behind:
         print("left out of the figures and the first table, behind the other seeds of their condition: "
               + '; '.join(behind))
-    exits = None
-    if args.exit_windows > 0:  # before any figure is written: a bad checkpoint stops everything, in one line
-        if all(os.path.exists(os.path.join(run['folder'], 'ckpt.pt')) for run in runs):
-            print(f"early-exit benchmark on {len(runs)} checkpoints (timed: keep the machine otherwise idle)", flush=True)
-            try:
-                exits = exit_results(groups, args.exit_windows)
-            except (ValueError, OSError) as e:  # an unreadable checkpoint or dataset: say which, in one line
-                sys.exit(f"plot_norms.py: error: no early-exit benchmark: {e}")
-        else:
-            print("no early-exit benchmark: some runs have no ckpt.pt")
+    exits = exit_benchmark(groups, runs, args.exit_windows)
     for path in plot(groups, fig_dir, paired, reference):
         print(f"wrote {path}")
     print(table(groups, fig_dir, paired, reference, behind))
     print(f"wrote {os.path.join(fig_dir, 'table.md')}, table.csv" + (' and paired.csv' if paired else ''))
     if exits is not None:
-        print(exit_table(exits, fig_dir))
-        print(f"wrote {os.path.join(fig_dir, 'exit_table.md')} and {plot_pareto(exits, fig_dir, describe(runs))}")
+        md = markdown(*diagnose.exit_summary(exits))
+        write_text(os.path.join(fig_dir, 'exit_table.md'), md + '\n')
+        print(md)
+        pareto = diagnose.plot_pareto(exits, os.path.join(fig_dir, 'fig4_pareto.png'), describe(runs), STYLES * 2)
+        print(f"wrote {os.path.join(fig_dir, 'exit_table.md')} and {pareto}")
 
 
 if __name__ == '__main__':

@@ -1,4 +1,5 @@
-"""plot_norms.py: figures and table from real (tiny) runs, the grid runner, and its one-line errors."""
+"""plot_norms.py and grid.py: figures and table from real (tiny) runs, the grid runner, and its one-line errors.
+The paired statistics are tested in test_stats.py."""
 
 import csv
 import json
@@ -13,6 +14,7 @@ import time
 import pytest
 import torch
 
+import grid
 import plot_norms
 import train
 from conftest import ROOT
@@ -71,10 +73,10 @@ def test_a_corrupt_checkpoint_stops_plot_norms_before_any_figure(two_runs, tmp_p
 
 
 def test_every_condition_is_named_back_from_its_flags():
-    for name, flags in plot_norms.CONDITIONS.items():
+    for name, flags in grid.CONDITIONS.items():
         args = train.parse_args(flags)
         cfg = {k: getattr(args, k) for k in ('supervision', 'readout', 'alpha', 'norm_penalty', 'recurrence', 'init')}
-        assert plot_norms.condition_name(cfg) == name
+        assert grid.condition_name(cfg) == name
 
 
 @pytest.mark.parametrize('content, message', [
@@ -92,7 +94,7 @@ def test_unreadable_run_folder_is_a_one_line_error(two_runs, tmp_path, content, 
 
 
 def test_grid_runs_then_reuses(small_data, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(plot_norms, 'CONDITIONS', {'per_loop + raw': ['--readout=raw'],
+    monkeypatch.setattr(grid, 'CONDITIONS', {'per_loop + raw': ['--readout=raw'],
                                                    'terminal + rmsnorm': ['--supervision=terminal']})
     extra = ' '.join(['--dataset', small_data, *TINY, '--max_iters=2', '--eval_interval=2'])
     argv = ['--run', '--out_root', str(tmp_path / 'grid'), '--fig_dir', str(tmp_path / 'figs'), '--train_args', extra]
@@ -107,85 +109,6 @@ def test_grid_runs_then_reuses(small_data, tmp_path, monkeypatch, capsys):
     lines = [line for line in capsys.readouterr().out.splitlines() if 'training (' in line]
     assert len(lines) == 2 and lines[0].endswith('per_loop-raw-seed2: training (new)'), lines
     assert re.search(r'terminal-rmsnorm-seed2: training \(new, ETA \d+ min\)$', lines[1]), lines
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# paired statistics (issue 22): hand-built logs with known seed-by-seed differences
-
-def fake_run(root, folder, seed, losses, readout='rmsnorm', n_embd=64, steps=(100, 200), max_iters=200):
-    """A run folder whose log holds given validation losses (one list over depths 1..2K per step), so the paired
-    statistics have an answer computed by hand."""
-    model = {'n_loop': len(losses[0]) // 2, 'n_layer': 2, 'n_embd': n_embd, 'supervision': 'per_loop',
-             'readout': readout, 'alpha': None, 'norm_penalty': 0.0, 'recurrence': 'residual', 'init': 'paper'}
-    config = {'seed': seed, 'max_iters': max_iters, 'dataset': 'shakespeare_char', 'out_dir': folder,
-              'n_embd': n_embd, 'model': model, **{k: model[k] for k in plot_norms.CONDITION_KEYS}}
-    path = root / folder
-    path.mkdir()
-    records = [{'step': s, 'train_loss': loss[0], 'val_loss': loss, 'hidden_norm': [10.0] * len(loss),
-                'elapsed_s': 1.0} for s, loss in zip(steps, losses)]
-    (path / 'log.jsonl').write_text('\n'.join(json.dumps(line) for line in [{'config': config}, *records]) + '\n')
-    return str(path)
-
-
-def test_t_quantiles_match_the_printed_table():
-    # two-sided 95% values of Student's t, as printed in every statistics table
-    for df, t in [(1, 12.706), (2, 4.303), (4, 2.776), (9, 2.262), (30, 2.042), (10_000, 1.960)]:
-        assert plot_norms.t_quantile(0.975, df) == pytest.approx(t, abs=5e-4), df
-    assert plot_norms.t_quantile(0.025, 4) == pytest.approx(-2.7764, abs=1e-4)
-
-
-def test_paired_differences_match_a_hand_computation(tmp_path):
-    """Five seeds; 'raw' is the reference plus known differences, listed in another seed order than the reference
-    (pairing by position would get another answer), beside a seed still training and a run of another width."""
-    root = tmp_path / 'runs'
-    root.mkdir()
-    base = {1: 2.00, 2: 2.30, 3: 1.90, 4: 2.10, 5: 2.50}  # the reference's loss at depth K = 1, per seed
-    diff = {1: -0.10, 2: -0.12, 3: -0.08, 4: -0.11, 5: -0.09}  # raw minus reference at depth K
-    far = {1: 0.05, 2: -0.05, 3: 0.02, 4: -0.02, 5: 0.00}  # at depth 2K = 2: mean 0, so no difference shown
-    for seed in base:
-        fake_run(root, f'rms-seed{seed}', seed, [[3.0, 3.0], [base[seed], 2.0]])
-    for seed in (5, 3, 1, 4, 2):
-        fake_run(root, f'raw-seed{seed}', seed, [[3.0, 3.0], [base[seed] + diff[seed], 2.0 + far[seed]]], readout='raw')
-    fake_run(root, 'raw-seed6', 6, [[3.0, 3.0]], readout='raw', steps=(100,))  # still training: no partner either
-    fake_run(root, 'rms-seed6', 6, [[3.0, 3.0], [2.0, 2.0]])
-    fake_run(root, 'wide-raw-seed1', 1, [[3.0, 3.0], [1.0, 1.0]], readout='raw', n_embd=128)  # no rms of its width
-
-    figs = tmp_path / 'figs'
-    plot_norms.main([str(root / '*'), '--fig_dir', str(figs), '--exit_windows=0', '--reference=per_loop-rmsnorm'])
-    mean, sd = -0.10, (sum((d + 0.10) ** 2 for d in diff.values()) / 4) ** 0.5  # sample std, n - 1 = 4
-    se = sd / 5 ** 0.5
-    lo, hi = mean - 2.7764 * se, mean + 2.7764 * se  # t_{0.975, 4}
-    assert se == pytest.approx(0.0070711, abs=1e-7) and hi < 0
-    rows = {(r[0], r[2]): r for r in (line.split(',') for line in (figs / 'paired.csv').read_text().splitlines()[1:])}
-    k, k2 = rows[('per_loop + raw', '1')], rows[('per_loop + raw', '2')]
-    assert int(k[4]) == 5 and k[5] == '1 2 3 4 5' and k[6] == '200' and k[11] == '4'
-    for got, want in zip(map(float, k[7:11]), (mean, se, lo, hi)):
-        assert got == pytest.approx(want, abs=2e-5)
-    assert k[13] == 'lower than per_loop + rmsnorm'
-    assert float(k2[7]) == pytest.approx(0, abs=1e-9) and float(k2[9]) < 0 < float(k2[10])
-    assert k2[13] == 'no difference shown'
-
-    md = (figs / 'table.md').read_text()
-    assert 't interval over seeds with n-1 degrees of freedom' in md
-    paired_md = md.split('Paired differences to per_loop + rmsnorm')[1]
-    row = next(line for line in paired_md.splitlines() if line.startswith('| per_loop + raw |'))
-    assert f"[{lo:+.4f}, {hi:+.4f}]" in row and '| lower than per_loop + rmsnorm |' in row
-    # the seed still training and the wider run are left out, and the table says why
-    assert 'seed 6:' in md and 'raw-seed6 at step 100 of 200' in md and 'compared at step 200' in md
-    assert 'no per_loop + rmsnorm run of seed 1 with the same settings as' in md and 'wide-raw-seed1' in md
-    # the first table and the figures average the seeds that got furthest, and say which run is behind
-    table = list(csv.reader(open(figs / 'table.csv')))
-    assert next(r for r in table if r[0] == 'per_loop + raw')[1:3] == ['5', '200']
-    assert 'Left out of this table and the figures' in md.split('Paired differences')[0]
-    assert (figs / 'fig6_crossover.png').stat().st_size > 0
-
-
-def test_paired_stats_below_two_pairs_give_no_interval():
-    stats = plot_norms.paired_stats([[0.3, -0.1]])
-    assert list(stats['mean']) == [0.3, -0.1] and all(map(math.isnan, stats['lo']))
-    assert plot_norms.verdict(stats['lo'][0], stats['hi'][0], 'x') == 'no interval (fewer than 2 pairs)'
-    assert plot_norms.verdict(0.1, 0.2, 'x') == 'higher than x'
-    assert plot_norms.verdict(-0.1, 0.2, 'x') == 'no difference shown'
 
 
 # ---------------------------------------------------------------------------------------------------------------------

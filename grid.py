@@ -1,0 +1,191 @@
+"""
+The paper's grid of conditions: what each condition is, training every one for every seed, reading the runs back.
+
+    python plot_norms.py --run                                # calls run_grid, then draws the figures
+    python plot_norms.py --run --config=laptop_long --seeds=8 --conditions=per_loop-rmsnorm,per_loop-alpha
+
+What is here: the conditions (CONDITIONS: each one's train.py flags; condition_name: the name back from a run's
+config), which conditions and flags each configuration's grid uses, one folder per run, reuse and resume
+(rerunning the command never redoes finished work or loses an interrupted run), the child train.py with Ctrl-C
+passed on to it (the child saves a checkpoint, the grid waits for that save, says where it stopped in one line
+and exits 130; the same command continues), and reading a run's log back (load_run, group_runs: the runs of one
+condition together, in CONDITIONS order), which the grid needs to tell a finished run from an interrupted one.
+
+Not here: the flags (plot_norms.py parses --run, --seeds, --conditions, --train_args and passes them on), the
+figures and tables (plot_norms.py), the paired statistics (stats.py).
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# The paper's main grid plus the two variants its abstract names; each is one train.py run per seed.
+CONDITIONS = {
+    'terminal + rmsnorm': ['--supervision=terminal', '--readout=rmsnorm'],
+    'terminal + raw': ['--supervision=terminal', '--readout=raw'],
+    'per_loop + rmsnorm': ['--supervision=per_loop', '--readout=rmsnorm'],
+    'per_loop + raw': ['--supervision=per_loop', '--readout=raw'],
+    'per_loop + final_norm': ['--supervision=per_loop', '--readout=final_norm'],
+    'terminal + rmsnorm + penalty': ['--supervision=terminal', '--readout=rmsnorm', '--norm_penalty=0.01'],
+    'per_loop + rmsnorm + penalty': ['--supervision=per_loop', '--readout=rmsnorm', '--norm_penalty=0.01'],
+    'per_loop + layernorm': ['--supervision=per_loop', '--readout=layernorm'],
+    'per_loop + rmsnorm + normed': ['--supervision=per_loop', '--readout=rmsnorm', '--recurrence=normed'],
+    'per_loop + alpha': ['--supervision=per_loop', '--readout=alpha'],
+}
+# Claim 4 (scale control wins at matched depth once training is long enough) compares per-loop runs only.
+CLAIM4 = ['per_loop + rmsnorm', 'per_loop + raw', 'per_loop + rmsnorm + penalty', 'per_loop + final_norm',
+          'per_loop + rmsnorm + normed', 'per_loop + alpha']
+# laptop_deep asks whether the ranking of the two readouts turns in a deeper stack (13 minutes a run on 2 cores)
+GRID_CONDITIONS = {'laptop_long': CLAIM4, 'laptop_deep': ['per_loop + rmsnorm', 'per_loop + raw']}  # others: all ten
+# Grid runs are shorter than single runs: on 'laptop' all ten fit in about 15 minutes on a 2-core CPU.
+GRID_FLAGS = {'laptop': ['--max_iters=200', '--eval_interval=40', '--eval_iters=4'],
+              'gpu_char': ['--max_iters=1000', '--eval_interval=100']}
+
+
+def condition_name(cfg):
+    """The CONDITIONS key of a run, from the model config in its log."""
+    name = f"{cfg['supervision']} + {cfg['readout']}"
+    if cfg.get('alpha') is not None:
+        name += f" {cfg['alpha']:g}"
+    if cfg['norm_penalty'] > 0:
+        name += ' + penalty' if cfg['norm_penalty'] == 0.01 else f" + penalty {cfg['norm_penalty']:g}"
+    if cfg['recurrence'] == 'normed':
+        name += ' + normed'
+    if cfg['init'] != 'paper':
+        name += f" ({cfg['init']} init)"
+    return name
+
+
+class LogError(Exception):
+    """A run folder that cannot be read; the message names the folder."""
+
+
+def load_run(folder):
+    """{'name', 'config', 'records'} from folder/log.jsonl; LogError with a one-line reason otherwise."""
+    path = os.path.join(folder, 'log.jsonl')
+    if not os.path.isfile(path):
+        raise LogError(f"{folder}: no log.jsonl (not a train.py run folder?)")
+    try:
+        with open(path) as f:
+            text = f.read()
+        # a run still training may be halfway through appending a line: read up to its last complete one
+        # (train.py's own log repair drops a cut last line the same way)
+        lines = [json.loads(line) for line in text[:text.rfind('\n') + 1].splitlines() if line.strip()]
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise LogError(f"{folder}: log.jsonl is not valid JSON lines ({e})") from None
+    if not lines:
+        raise LogError(f"{folder}: log.jsonl is empty")
+    head, records = lines[0], lines[1:]
+    need = {'step', 'train_loss', 'val_loss', 'hidden_norm', 'elapsed_s'}
+    K = head.get('config', {}).get('model', {}).get('n_loop')
+    # one scheme: val_loss and hidden_norm hold every depth 1..2K
+    if K is None or not all(need <= set(r) and len(r['val_loss']) == len(r['hidden_norm']) == 2 * K for r in records):
+        raise LogError(f"{folder}: log.jsonl is in an older or unknown format; rerun it with this train.py")
+    if not records:
+        raise LogError(f"{folder}: log.jsonl has no evaluation yet")
+    cfg = head['config']['model']
+    # K is each run's own: runs of different depths can share one plot
+    return {'folder': folder, 'name': condition_name(cfg), 'config': head['config'], 'records': records, 'K': K}
+
+
+def group_runs(runs):
+    """Runs that differ only in their seed together, in CONDITIONS order, then any others."""
+    # two runs are seeds of one condition when every flag but these agrees (max_iters: a resumed, longer run
+    # is still the same condition)
+    same = lambda run: json.dumps({k: v for k, v in run['config'].items()
+                                   if k not in ('seed', 'out_dir', 'resume', 'overwrite', 'max_iters')}, sort_keys=True)
+    by_setting = {}
+    for run in runs:
+        by_setting.setdefault(same(run), []).append(run)
+    groups = {}
+    for members in by_setting.values():
+        name = members[0]['name']
+        if name in groups:  # same condition, other settings (width, learning rate...): tell them apart
+            name += f" [{os.path.basename(os.path.normpath(members[0]['folder']))}]"
+        groups[name] = members
+    order = list(CONDITIONS) + sorted(set(groups) - set(CONDITIONS))
+    return {name: groups[name] for name in order if name in groups}
+
+
+def slug(name):
+    """'per_loop + rmsnorm + penalty' -> 'per_loop-rmsnorm-penalty': a condition's folder name and --conditions value."""
+    return name.replace(' + ', '-')
+
+
+def run_child(cmd):
+    """Run one train.py to its end and return (exit code, its output, the signals received meanwhile). Ctrl-C and
+    SIGTERM are passed on to the child, which saves a checkpoint and exits; the grid waits for that save."""
+    received, pending, proc = [], [], None
+
+    def forward(signum, frame):  # the child saves on this signal; the grid waits for it instead of dying first
+        received.append(signum)
+        if proc is None:
+            pending.append(signum)
+        else:  # a second Ctrl-C is passed on as well: train.py takes it as "abort now"
+            proc.send_signal(signum)
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        # its own process group: a Ctrl-C in the terminal reaches only plot_norms, which passes it on once (the
+        # child would take a second copy of the same keypress as "abort")
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, process_group=0)
+        while pending:  # one that landed while the child was being started
+            proc.send_signal(pending.pop(0))
+        output = proc.stdout.read()  # interrupted reads resume after forward() (PEP 475)
+        return proc.wait(), output, received
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def run_grid(config, seeds, out_root, extra, names=None):
+    """Train every condition for every seed, one after another; reuse finished runs, resume interrupted ones.
+    Seed by seed: whatever is finished when the grid is stopped is a complete set of pairs."""
+    folders, t0, trained, train_s = [], time.time(), 0, 0.0
+    names = names or GRID_CONDITIONS.get(config, list(CONDITIONS))
+    jobs = [(name, CONDITIONS[name], seed) for seed in seeds for name in names]
+    for i, (name, flags, seed) in enumerate(jobs):
+        folder = os.path.join(out_root, config, slug(name) + f"-seed{seed}")
+        folders.append(folder)
+        cmd = [sys.executable, os.path.join(HERE, 'train.py'), f'--config={config}', *GRID_FLAGS.get(config, []),
+               *flags, f'--seed={seed}', f'--out_dir={folder}', *extra]
+        state = 'new'
+        # a grid takes a while: rerunning the command must never redo finished work or lose an interrupted run
+        if os.path.exists(os.path.join(folder, 'ckpt.pt')):
+            try:
+                run = load_run(folder)
+                done = run['records'][-1]['step'] >= run['config']['max_iters']
+            except LogError:
+                done = False
+            if done:
+                print(f"[{i + 1}/{len(jobs)}] {folder}: finished earlier, reused")
+                continue
+            cmd.append('--resume')
+            state = 'resumed'
+        elif os.path.exists(os.path.join(folder, 'log.jsonl')):
+            cmd.append('--overwrite')  # a log with no checkpoint: the run died before its first save
+        # from the runs this command trained (reused ones take no time and would make the ETA 0)
+        eta = f", ETA {train_s / trained * (len(jobs) - i) / 60:.0f} min" if trained else ''
+        print(f"[{i + 1}/{len(jobs)}] {folder}: training ({state}{eta})", flush=True)
+        # one process per run: each starts from a clean torch state, and a crash names its condition
+        started = time.time()
+        returncode, output, signals = run_child(cmd)
+        trained, train_s = trained + 1, train_s + time.time() - started
+        if os.path.isdir(folder):  # keep train.py's own output beside its log
+            with open(os.path.join(folder, 'train.out'), 'a') as f:
+                f.write(output)
+        last = output.strip().splitlines()[-1] if output.strip() else 'no output'
+        if signals:  # the child has saved (or was aborted by a second Ctrl-C): stop the grid, in one line
+            last = last.split('; continue with')[0]  # train.py's own advice (--resume) is the grid's to follow, not the user's
+            print(f"plot_norms.py: interrupted during {name} (seed {seed}): {last}; rerun the same command to "
+                  "continue the grid", file=sys.stderr)
+            sys.exit(128 + signals[0])
+        if returncode != 0:
+            sys.exit(f"plot_norms.py: error: the run for {name} (seed {seed}) failed: {last}")
+    print(f"grid done in {(time.time() - t0) / 60:.1f} min")
+    return folders
