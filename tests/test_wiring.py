@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 import train
 from looped import LoopedConfig, LoopedGPT, READOUTS, Readout
+from stats import paired_stats
 
 TINY = ['--n_layer=1', '--n_embd=32', '--n_head=2', '--n_loop=2', '--block_size=16', '--eval_iters=2',
         '--log_interval=1', '--device=cpu', '--compile=False']
@@ -209,7 +210,6 @@ def test_mlp_activation_under_each_choice(mlp):
 # ---- the paired statistics ------------------------------------------------------------------------------------
 
 def test_paired_standard_error_is_the_sample_std_over_root_n():
-    from stats import paired_stats
     d = np.array([[0.1, 1.0], [0.3, 1.0], [0.2, 4.0], [0.6, 2.0]])
     got = paired_stats(d)
     sd = np.sqrt(((d - d.mean(0)) ** 2).sum(0) / 3)  # n - 1 in the denominator
