@@ -18,6 +18,9 @@ plus evaluation at 2K after a warm-up; compiled against eager loss over 20 steps
 (rmsnorm, raw) on tiny Shakespeare with its final ||h_K||, the blind spot on a GPU. On a CPU it runs the same
 suite at toy sizes in under a minute and marks the rows it did not measure. It prints a markdown table and
 writes it as JSON (--json).
+
+Not here: the training step it times (train.py's, called as bench.train_step does it), what the model learns
+(train.py's evaluations), the early-exit speed of a trained model (diagnose.py, plot_norms.py).
 """
 
 import argparse
@@ -170,75 +173,84 @@ def unique_graphs():
     return counters['stats']['unique_graphs']
 
 
-def suite(json_path):
-    """Run every measurement (see the module docstring), print one markdown table, write it as JSON."""
-    rt = resolve_device('auto', 'auto', 'auto')
-    gpu = rt.device_type == 'cuda'
-    # The suite compiles several models in one process; past dynamo's recompile limit a compiled row would
-    # quietly run eager under its 'compiled' label. Fail instead.
-    torch._dynamo.config.fail_on_recompile_limit_hit = True
-    peak = peak_flops(rt.device)
-    if gpu:  # the paper_44m shape
-        shape, V, steps, name = dict(n_layer=8, n_embd=512, n_head=8, n_loop=4, block_size=256, batch=64), 20000, 10, 'paper_44m'
-    else:    # toy sizes: the same measurements in under a minute on 2 cores
-        shape, V, steps, name = dict(n_layer=2, n_embd=64, n_head=4, n_loop=4, block_size=64, batch=8), 512, 5, 'toy'
-    dims = {k: v for k, v in shape.items() if k != 'batch'}
-    B = shape['batch']
-    print(f"{rt.describe()} | {name} shape: {shape}, V={V:,}", flush=True)
-    rows, skipped, t_start = [], [], time.time()
+class Suite:
+    """What every measurement of the suite shares: the device, the model shape for it, and the table so far."""
 
-    def add(measure, config, result, goal=''):  # one table row, printed at once so that the wait shows progress
-        rows.append({'measure': measure, 'config': config, 'result': result, 'goal': goal})
-        print(f"  [{time.time() - t_start:4.0f} s] {measure} | {config} | {result}", flush=True)  # where the time goes
+    def __init__(self):
+        self.rt = resolve_device('auto', 'auto', 'auto')
+        self.gpu = self.rt.device_type == 'cuda'
+        self.peak = peak_flops(self.rt.device)
+        if self.gpu:  # the paper_44m shape
+            self.shape = dict(n_layer=8, n_embd=512, n_head=8, n_loop=4, block_size=256, batch=64)
+            self.V, self.steps, self.name = 20000, 10, 'paper_44m'
+        else:    # toy sizes: the same measurements in under a minute on 2 cores
+            self.shape = dict(n_layer=2, n_embd=64, n_head=4, n_loop=4, block_size=64, batch=8)
+            self.V, self.steps, self.name = 512, 5, 'toy'
+        self.B = self.shape['batch']
+        self.dims = {k: v for k, v in self.shape.items() if k != 'batch'}
+        self.rows, self.skipped, self.t_start = [], [], time.time()
 
-    # 1. peak memory, per_loop against terminal, at two vocabularies, eager and compiled (measured first, while
-    # no other model holds GPU memory)
-    if gpu:
-        for vocab in (20000, 50257):
-            for compile in (False, True):
-                peaks = {}
-                for supervision in ('per_loop', 'terminal'):
-                    model, opt, x, y = build(rt, vocab, B, compile, supervision=supervision, **dims)
-                    time_steps(model, opt, rt, x, y, 2, 1)
-                    peaks[supervision] = torch.cuda.max_memory_allocated() / 2**20
-                    del model, opt
-                    gc.collect()  # a compiled model refers to itself (compile_regions), so only gc frees it
-                    torch.cuda.empty_cache()
-                add('peak memory', f"{name} V={vocab:,}, {'compiled' if compile else 'eager'}: per_loop / terminal",
-                    f"{peaks['per_loop']:,.0f} / {peaks['terminal']:,.0f} MiB = {peaks['per_loop'] / peaks['terminal']:.2f}x",
-                    '<= 1.25x')
-    else:
-        skipped.append('peak memory per_loop / terminal at V = 20k and 50k (GPU allocator only; on a CPU: '
-                       'python bench.py --vocab_size=50257 ... once per supervision)')
+    def add(self, measure, config, result, goal=''):
+        """One table row, printed at once so that the wait shows progress (and where the time goes)."""
+        self.rows.append({'measure': measure, 'config': config, 'result': result, 'goal': goal})
+        print(f"  [{time.time() - self.t_start:4.0f} s] {measure} | {config} | {result}", flush=True)
 
-    # 2. throughput and MFU
+
+def peak_memory(s):
+    """1. Peak memory, per_loop against terminal, at two vocabularies, eager and compiled (measured first, while no
+    other model holds GPU memory). The GPU allocator's peak only: on a CPU the row is listed as not measured."""
+    if not s.gpu:
+        s.skipped.append('peak memory per_loop / terminal at V = 20k and 50k (GPU allocator only; on a CPU: '
+                         'python bench.py --vocab_size=50257 ... once per supervision)')
+        return
+    for vocab in (20000, 50257):
+        for compile in (False, True):
+            peaks = {}
+            for supervision in ('per_loop', 'terminal'):
+                model, opt, x, y = build(s.rt, vocab, s.B, compile, supervision=supervision, **s.dims)
+                time_steps(model, opt, s.rt, x, y, 2, 1)
+                peaks[supervision] = torch.cuda.max_memory_allocated() / 2**20
+                del model, opt
+                gc.collect()  # a compiled model refers to itself (compile_regions), so only gc frees it
+                torch.cuda.empty_cache()
+            s.add('peak memory', f"{s.name} V={vocab:,}, {'compiled' if compile else 'eager'}: per_loop / terminal",
+                  f"{peaks['per_loop']:,.0f} / {peaks['terminal']:,.0f} MiB = {peaks['per_loop'] / peaks['terminal']:.2f}x",
+                  '<= 1.25x')
+
+
+def throughput(s):
+    """2. Tokens/s and MFU for each supervision, eager and compiled, sdpa and manual attention. Returns the
+    compiled per_loop sdpa model with its optimizer and batch, which the recompile check goes on training."""
     compiled_model = None
     for supervision in ('per_loop', 'terminal'):
         for compile in (False, True):
             for attention in ('sdpa', 'manual'):
-                what = f"{name} {supervision}, {'compiled' if compile else 'eager'}, {attention}"
-                if compile and not gpu and (supervision, attention) != ('per_loop', 'sdpa'):
-                    skipped.append(f"tokens/s: {what} (on a CPU only one compiled row: each compile costs seconds here)")
+                what = f"{s.name} {supervision}, {'compiled' if compile else 'eager'}, {attention}"
+                if compile and not s.gpu and (supervision, attention) != ('per_loop', 'sdpa'):
+                    s.skipped.append(f"tokens/s: {what} (on a CPU only one compiled row: each compile costs seconds here)")
                     continue
-                model, opt, x, y = build(rt, V, B, compile, supervision=supervision, attention=attention, **dims)
-                dt, warm = time_steps(model, opt, rt, x, y, steps, 3)
+                model, opt, x, y = build(s.rt, s.V, s.B, compile, supervision=supervision, attention=attention, **s.dims)
+                dt, warm = time_steps(model, opt, s.rt, x, y, s.steps, 3)
                 tok_s = x.numel() / dt
-                goal = '>= 40% MFU' if gpu and supervision == 'per_loop' and compile and attention == 'sdpa' else ''
-                add('tokens/s, MFU', what, f"{tok_s:,.0f} tok/s, MFU {fmt_mfu(tok_s, model.flops_per_token(), peak)}"
-                    f" ({dt * 1000:.1f} ms/step, warm-up {warm:.1f} s)", goal)
+                goal = '>= 40% MFU' if s.gpu and supervision == 'per_loop' and compile and attention == 'sdpa' else ''
+                s.add('tokens/s, MFU', what, f"{tok_s:,.0f} tok/s, MFU {fmt_mfu(tok_s, model.flops_per_token(), s.peak)}"
+                      f" ({dt * 1000:.1f} ms/step, warm-up {warm:.1f} s)", goal)
                 if compile and supervision == 'per_loop' and attention == 'sdpa':
                     compiled_model = (model, opt, x, y)
+    return compiled_model
 
-    # 3. recompiles: after a warm-up (a training step, an evaluation at 2K loops, a training step), more of the same
-    # must build no new graph
+
+def recompiles(s, compiled_model):
+    """3. After a warm-up (a training step, an evaluation at 2K loops, a training step), more of the same must build
+    no new graph."""
     model, opt, x, y = compiled_model
     K = model.config.n_loop
-    one_step = lambda: train_step(model, opt, rt, x, y)
+    one_step = lambda: train_step(model, opt, s.rt, x, y)
 
     @torch.no_grad()
     def evaluate():  # the evaluation train.py runs: 2K loops, no gradients
         model.eval()
-        with rt.autocast:
+        with s.rt.autocast:
             model(x, y, n_loop=2 * K)
         model.train()
     for f in (one_step, evaluate, one_step):
@@ -246,34 +258,40 @@ def suite(json_path):
     before = unique_graphs()
     for f in (one_step, one_step, evaluate, one_step, evaluate):
         f()
-    add('recompiles after warm-up', f"{name} per_loop compiled: 3 training steps + 2 evaluations at 2K={2 * K}",
-        f"{unique_graphs() - before} (warm-up built {before})", '0')
+    s.add('recompiles after warm-up', f"{s.name} per_loop compiled: 3 training steps + 2 evaluations at 2K={2 * K}",
+          f"{unique_graphs() - before} (warm-up built {before})", '0')
 
-    # 4. compiled against eager: the same 20 steps from the same weights on the same batches
+
+def compiled_vs_eager(s):
+    """4. Compiled against eager: the same 20 steps from the same weights on the same batches."""
+    rt, V, B, dims = s.rt, s.V, s.B, s.dims
     losses = {}
     for compile in (False, True):
         model, opt, _, _ = build(rt, V, B, compile, supervision='per_loop', **dims)
         g = torch.Generator().manual_seed(1)
         losses[compile] = []
         for _ in range(20):
-            x, y = (torch.randint(V, (B, shape['block_size']), generator=g).to(rt.device) for _ in range(2))
+            x, y = (torch.randint(V, (B, s.shape['block_size']), generator=g).to(rt.device) for _ in range(2))
             losses[compile].append(train_step(model, opt, rt, x, y).item())
     diff = max(abs(a - b) for a, b in zip(losses[False], losses[True]))
     # the last model built is the compiled side: a row that compared eager with eager would prove nothing
     regions = sum(b._compiled_call_impl is not None for b in model.blocks) + hasattr(model.head_loss, '_torchdynamo_orig_callable')
-    add('compiled vs eager loss', f"{name} per_loop, 20 steps", f"largest difference {diff:.2e} (final loss "
-        f"{losses[True][-1]:.3f}; {regions} of {len(model.blocks) + 1} regions compiled)", '<= 1e-2')
+    s.add('compiled vs eager loss', f"{s.name} per_loop, 20 steps", f"largest difference {diff:.2e} (final loss "
+          f"{losses[True][-1]:.3f}; {regions} of {len(model.blocks) + 1} regions compiled)", '<= 1e-2')
 
-    # 5. the blind spot on this device: rmsnorm and raw readouts trained side by side on tiny Shakespeare
-    config, pair_steps = ('gpu_char', 300) if gpu else ('laptop', 30)
+
+def blind_spot(s):
+    """5. The blind spot on this device: rmsnorm and raw readouts trained side by side on tiny Shakespeare (listed
+    as not measured where there is no dataset and no network to fetch it)."""
+    config, pair_steps = ('gpu_char', 300) if s.gpu else ('laptop', 30)
     pair = [f'--config={config}', f'--max_iters={pair_steps}', f'--eval_interval={pair_steps}', '--log_interval=1000']
-    if not gpu:  # a tiny model of the laptop configuration
+    if not s.gpu:  # a tiny model of the laptop configuration
         pair += ['--n_layer=1', '--n_embd=32', '--n_head=2', '--block_size=32', '--batch_size=8', '--eval_iters=2']
     try:
         found = {}
         with tempfile.TemporaryDirectory() as tmp:
             for readout in ('rmsnorm', 'raw'):
-                print(f"  [{time.time() - t_start:4.0f} s] training the blind-spot pair: {readout}, {pair_steps} steps",
+                print(f"  [{time.time() - s.t_start:4.0f} s] training the blind-spot pair: {readout}, {pair_steps} steps",
                       flush=True)
                 out = os.path.join(tmp, readout)
                 with open(os.devnull, 'w') as quiet, contextlib.redirect_stdout(quiet):
@@ -281,23 +299,40 @@ def suite(json_path):
                 with open(os.path.join(out, 'log.jsonl')) as f:
                     last = [json.loads(line) for line in f][-1]
                 found[readout] = (last['hidden_norm'][3], last['val_loss'][3])  # loop K = 4 in both configurations
-        add('blind spot', f"{config}{'' if gpu else ' (tiny)'}, {pair_steps} steps: final ‖h_K‖ rmsnorm / raw",
-            f"{found['rmsnorm'][0]:,.1f} / {found['raw'][0]:,.1f} (val loss {found['rmsnorm'][1]:.3f} / {found['raw'][1]:.3f})",
-            'rmsnorm >> raw')
+        s.add('blind spot', f"{config}{'' if s.gpu else ' (tiny)'}, {pair_steps} steps: final ‖h_K‖ rmsnorm / raw",
+              f"{found['rmsnorm'][0]:,.1f} / {found['raw'][0]:,.1f} (val loss {found['rmsnorm'][1]:.3f} / {found['raw'][1]:.3f})",
+              'rmsnorm >> raw')
     except (SystemExit, ValueError) as e:  # no dataset here and no network to fetch it
-        skipped.append(f"blind spot pair: {e}")
+        s.skipped.append(f"blind spot pair: {e}")
 
+
+def report(s, json_path):
+    """The table and what was not measured, printed, and the same as JSON at json_path."""
+    gpu_name = torch.cuda.get_device_name(s.rt.device) if s.gpu else None
     table = ['| measure | configuration | result | goal |', '|---|---|---|---|']
-    table += [f"| {r['measure']} | {r['config']} | {r['result']} | {r['goal']} |" for r in rows]
-    print(f"\n{rt.describe()}" + (f" ({torch.cuda.get_device_name(rt.device)})" if gpu else '') + '\n')
+    table += [f"| {r['measure']} | {r['config']} | {r['result']} | {r['goal']} |" for r in s.rows]
+    print(f"\n{s.rt.describe()}" + (f" ({gpu_name})" if s.gpu else '') + '\n')
     print('\n'.join(table))
-    if skipped:
-        print('\nnot measured here:\n' + '\n'.join(f"- {s}" for s in skipped))
-    report = {'device': rt.device, 'gpu': torch.cuda.get_device_name(rt.device) if gpu else None,
-              'torch': torch.__version__, 'rows': rows, 'not_measured': skipped, 'seconds': round(time.time() - t_start, 1)}
-    write_atomically(json_path, lambda f: f.write(json.dumps(report, indent=1).encode()))
-    print(f"\nsuite done in {time.time() - t_start:.0f} s; wrote {json_path}")
+    if s.skipped:
+        print('\nnot measured here:\n' + '\n'.join(f"- {line}" for line in s.skipped))
+    result = {'device': s.rt.device, 'gpu': gpu_name, 'torch': torch.__version__, 'rows': s.rows,
+              'not_measured': s.skipped, 'seconds': round(time.time() - s.t_start, 1)}
+    write_atomically(json_path, lambda f: f.write(json.dumps(result, indent=1).encode()))
+    print(f"\nsuite done in {time.time() - s.t_start:.0f} s; wrote {json_path}")
 
+
+def suite(json_path):
+    """Run every measurement (see the module docstring), print one markdown table, write it as JSON."""
+    # The suite compiles several models in one process; past dynamo's recompile limit a compiled row would
+    # quietly run eager under its 'compiled' label. Fail instead.
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
+    s = Suite()
+    print(f"{s.rt.describe()} | {s.name} shape: {s.shape}, V={s.V:,}", flush=True)
+    peak_memory(s)
+    recompiles(s, throughput(s))
+    compiled_vs_eager(s)
+    blind_spot(s)
+    report(s, json_path)
 
 if __name__ == '__main__':
     main()
