@@ -11,7 +11,10 @@ clamps, and the lemma check over 30 loops).
 Depth and exit numbers use non-overlapping windows of block_size tokens, so every validation token (all but
 the last few that do not fill a window) is predicted exactly once. The scale diagnostics use the first
 --diag_windows windows. Every loop is run through LoopedGPT.loops, the model's one implementation of the
-recurrence, so a change there shows here too.
+recurrence, so a change there shows here too. plot_norms.py runs the timed per-sequence benchmark over many runs
+through exit_results, exit_summary and plot_pareto here.
+
+Not here: training (train.py), generation (sample.py), the figures over a grid of runs (plot_norms.py).
 """
 
 import argparse
@@ -495,10 +498,9 @@ def flag(text):
     return value
 
 
-def main(argv=None):
-    """Check every flag and the checkpoint's data first, then print the chosen tables in order."""
-    p = get_parser()
-    args = p.parse_args(argv)
+def load(p, args):
+    """Check every flag, then the checkpoint and the data it was trained on, and that the lemma figure can be
+    written: all before any table. Returns (model, ckpt, validation tokens, the figure's path)."""
     for flag_name, value, least in (('max_windows', args.max_windows, 2), ('diag_windows', args.diag_windows, 1),
                                     ('lemma_loops', args.lemma_loops, 2)):
         if value is not None and value < least:  # the exit tables calibrate on one half and measure on the other
@@ -514,6 +516,85 @@ def main(argv=None):
             check_writable(fig_path)  # before the work, not after it
     except (ValueError, OSError) as e:
         sys.exit(f"diagnose.py: error: {e}")
+    return model, ckpt, tokens, fig_path
+
+
+def print_depth_table(ce, K):
+    """Perplexity at every exit depth 1..2K."""
+    print(f"\nperplexity by exit depth ({ce.shape[0]:,} validation tokens, each counted once)")
+    print(fmt_row('depth', range(1, 2 * K + 1), '8d'))
+    print(fmt_row('ppl', np.exp(ce.mean(0))))
+
+
+def print_token_exit(ce, pmax, kl, m, K):
+    """Per token (sample.py's rules): calibrated on the first m tokens (the first half of the windows), reported on
+    the rest."""
+    print(f"\nearly exit per token (sample.py --exit): the threshold with the fewest mean loops whose perplexity "
+          f"is within 1% of depth {K} on the first half of the windows, measured on the second half")
+    for rule in EXITS:
+        t = calibrate_exit(rule, ce[:m], pmax[:m], kl[:m], K)[0]
+        d = exit_depths(rule, t, pmax[m:], kl[m:], K)
+        print(f"{rule:>10}: threshold {t:.4g}, mean loops {d.mean():.2f} of {K}, perplexity "
+              f"{math.exp(ce[m:][np.arange(len(d)), d - 1].mean()):.3f} (depth {K}: {math.exp(ce[m:, K - 1].mean()):.3f})")
+
+
+def print_sequence_exit(model, x, y, K, device):
+    """Per sequence, timed: exit_benchmark's table."""
+    rows = exit_benchmark(model, x, y, K)
+    print(f"\nearly exit per sequence (scores averaged over a window's tokens; exited windows leave the "
+          f"batch): calibrated on {len(x) // 2} windows, measured on {len(x) - len(x) // 2}, tok/s timed "
+          f"on {device}")
+    print(exit_table_text(rows))
+
+
+def print_scale_sensitivity(model, x, y, K):
+    print(f"\nscale sensitivity: validation loss when h_k is multiplied by a before the readout ({len(x)} windows)")
+    print(fmt_row('a =', SCALES, '8g'))
+    for k, row in enumerate(scale_sensitivity(model, x, y, K), 1):
+        print(fmt_row(f"loop {k}", row))
+
+
+def print_radial_gradient(model, x, y, K):
+    try:  # the closed form is a function of its own: where it is not written yet, this table is left out
+        table = radial_gradient(model, x, y, K)
+    except NotImplementedError as e:
+        print(f"\nradial gradient fraction: left out (rmsnorm_radial_grad is not implemented: {e})")
+        return
+    print("\nradial gradient fraction |<g, h_k>| / (|g| |h_k|), mean over tokens (closed form: RMSNorm readouts)")
+    print(f"{'':>10} {'own CE':>8} {'training':>8} {'closed':>8}")
+    for k, row in enumerate(table, 1):
+        print(fmt_row(f"loop {k}", row, '8.2e'))
+
+
+def print_update_split(model, x, K):
+    split, states = update_split(model, x, K)
+    print("\nper-loop update from the state the pass starts from: radial increment and angle (degrees)")
+    print(f"{'':>10} {'||h_k||':>8} {'radial':>8} {'angle':>8}")
+    for k, (row, h) in enumerate(zip(split, states), 1):
+        print(fmt_row(f"loop {k}", [h.norm(dim=-1).mean().item(), *row], '8.2f'))
+
+
+def print_clamps(model, x, y, K):
+    ppl = clamp_perplexity(model, x, y, K)
+    print(f"\nradial clamps: depth-{K} perplexity {ppl['none']:.3f} as trained, {ppl['freeze']:.3f} with every "
+          f"loop frozen at loop 1's norm, {ppl['remove_radial']:.3f} with the radial part of every update removed")
+
+
+def print_lemma(model, x, K, n_loop, title, fig_path):
+    """The lemma check's table over n_loop loops, and its figure."""
+    table = lemma_check(model, x, n_loop)
+    print(f"\nlemma check over {n_loop} loops (trained K={K}; means over tokens, RMS units)")
+    print(f"{'':>10} {'s_k':>8} {'radial':>8} {'angle':>8} {'|du|*s':>8}")
+    for k, row in enumerate(table, 1):
+        print(fmt_row(f"loop {k}", row, '8.3f'))
+    print(f"wrote {plot_lemma(table, K, title, fig_path)}")
+
+
+def main(argv=None):
+    """Check every flag and the checkpoint's data first, then print the chosen tables in order."""
+    p = get_parser()
+    args = p.parse_args(argv)
+    model, ckpt, tokens, fig_path = load(p, args)
     device = next(model.parameters()).device
     c = model.config
     K = c.n_loop
@@ -523,63 +604,24 @@ def main(argv=None):
     if args.only in ('all', 'depth', 'exit'):
         x, y = windows(tokens, c.block_size, args.max_windows)
         ce, pmax, kl = per_token_depth_stats(model, x.to(device), y.to(device), 2 * K)
-        print(f"\nperplexity by exit depth ({ce.shape[0]:,} validation tokens, each counted once)")
-        print(fmt_row('depth', range(1, 2 * K + 1), '8d'))
-        print(fmt_row('ppl', np.exp(ce.mean(0))))
+        print_depth_table(ce, K)
         if args.only != 'depth':
-            # per token (sample.py's rules): calibrated on the first half of the windows, reported on the second
-            m = len(x) // 2 * c.block_size
-            print(f"\nearly exit per token (sample.py --exit): the threshold with the fewest mean loops whose perplexity "
-                  f"is within 1% of depth {K} on the first half of the windows, measured on the second half")
-            for rule in EXITS:
-                t = calibrate_exit(rule, ce[:m], pmax[:m], kl[:m], K)[0]
-                d = exit_depths(rule, t, pmax[m:], kl[m:], K)
-                print(f"{rule:>10}: threshold {t:.4g}, mean loops {d.mean():.2f} of {K}, perplexity "
-                      f"{math.exp(ce[m:][np.arange(len(d)), d - 1].mean()):.3f} (depth {K}: {math.exp(ce[m:, K - 1].mean()):.3f})")
+            print_token_exit(ce, pmax, kl, len(x) // 2 * c.block_size, K)
             if args.timed:
-                rows = exit_benchmark(model, x, y, K)
-                print(f"\nearly exit per sequence (scores averaged over a window's tokens; exited windows leave the "
-                      f"batch): calibrated on {len(x) // 2} windows, measured on {len(x) - len(x) // 2}, tok/s timed "
-                      f"on {device}")
-                print(exit_table_text(rows))
+                print_sequence_exit(model, x, y, K, device)
             else:
                 print("\n(timed per-sequence benchmark skipped: --timed=False)")
 
     # the scale diagnostics need gradients or many forward passes per window: a fixed, smaller set of windows
     x, y = (t.to(device) for t in windows(tokens, c.block_size, args.diag_windows))
     if args.only in ('all', 'scale'):
-        print(f"\nscale sensitivity: validation loss when h_k is multiplied by a before the readout ({len(x)} windows)")
-        print(fmt_row('a =', SCALES, '8g'))
-        for k, row in enumerate(scale_sensitivity(model, x, y, K), 1):
-            print(fmt_row(f"loop {k}", row))
-        try:  # the closed form is a function of its own: where it is not written yet, this table is left out
-            table = radial_gradient(model, x, y, K)
-        except NotImplementedError as e:
-            print(f"\nradial gradient fraction: left out (rmsnorm_radial_grad is not implemented: {e})")
-        else:
-            print("\nradial gradient fraction |<g, h_k>| / (|g| |h_k|), mean over tokens (closed form: RMSNorm readouts)")
-            print(f"{'':>10} {'own CE':>8} {'training':>8} {'closed':>8}")
-            for k, row in enumerate(table, 1):
-                print(fmt_row(f"loop {k}", row, '8.2e'))
-        split, states = update_split(model, x, K)
-        print("\nper-loop update from the state the pass starts from: radial increment and angle (degrees)")
-        print(f"{'':>10} {'||h_k||':>8} {'radial':>8} {'angle':>8}")
-        for k, (row, h) in enumerate(zip(split, states), 1):
-            print(fmt_row(f"loop {k}", [h.norm(dim=-1).mean().item(), *row], '8.2f'))
-        ppl = clamp_perplexity(model, x, y, K)
-        print(f"\nradial clamps: depth-{K} perplexity {ppl['none']:.3f} as trained, {ppl['freeze']:.3f} with every "
-              f"loop frozen at loop 1's norm, {ppl['remove_radial']:.3f} with the radial part of every update removed")
-
+        print_scale_sensitivity(model, x, y, K)
+        print_radial_gradient(model, x, y, K)
+        print_update_split(model, x, K)
+        print_clamps(model, x, y, K)
     if args.only in ('all', 'lemma'):
-        table = lemma_check(model, x, args.lemma_loops)
-        print(f"\nlemma check over {args.lemma_loops} loops (trained K={K}; means over tokens, RMS units)")
-        print(f"{'':>10} {'s_k':>8} {'radial':>8} {'angle':>8} {'|du|*s':>8}")
-        for k, row in enumerate(table, 1):
-            print(fmt_row(f"loop {k}", row, '8.3f'))
-        path = plot_lemma(table, K, f"{args.out_dir} ({c.supervision} + {c.readout}, {c.recurrence}), step {ckpt['step']}",
-                          fig_path)
-        print(f"wrote {path}")
-
+        title = f"{args.out_dir} ({c.supervision} + {c.readout}, {c.recurrence}), step {ckpt['step']}"
+        print_lemma(model, x, K, args.lemma_loops, title, fig_path)
 
 if __name__ == '__main__':
     main()
