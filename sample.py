@@ -7,6 +7,9 @@ Generate text from a trained looped model, at its trained loop count or any othe
     python sample.py --out_dir=... --start=FILE:prompt.txt
     python sample.py --out_dir=out/laptop --exit=kl --exit_threshold=0.01        # stop looping early per token
     python sample.py --exit=confidence --exit_threshold=0.6 --show_depth         # see which tokens needed more loops
+
+Not here: the exit rules themselves (looped.py: exit_passes) and their calibration and measured speed
+(diagnose.py). It needs only looped.py beside it.
 """
 
 import argparse

@@ -13,6 +13,10 @@ Continue an interrupted run (same flags), or extend it:
     python train.py --readout=rmsnorm --resume --max_iters=1200
 Several processes (each takes one micro-step per optimizer step unless --grad_accum says otherwise):
     torchrun --standalone --nproc_per_node=2 train.py --device=cpu
+
+Not here: the model (looped.py), the run folder's promises (runs.py: lock, saves, resume, signals), the
+datasets (data/), a grid of runs and its figures (grid.py, plot_norms.py), measurements of a trained model
+(diagnose.py).
 """
 
 import argparse
@@ -322,6 +326,51 @@ def main(argv=None):
             dist.destroy_process_group()
 
 
+def eval_record(raw_model, val_batches, train_batches, K, ctx, step, t_start, alpha, run):
+    """Evaluate at every depth 1..2K (2K: beyond the trained depth) on the validation batches, and at depth K on
+    the training batches: the log's record for this step. A non-finite validation loss stops the run."""
+    val_loss, val_norm = evaluate(raw_model, val_batches, 2 * K, ctx)  # every process, in step
+    train_loss, _ = evaluate(raw_model, train_batches, K, ctx)
+    if not all(map(math.isfinite, val_loss)):
+        runs.fail(f"validation loss is {val_loss[K - 1]} at step {step}; {runs.kept(run)}")
+    return {'step': step, 'train_loss': train_loss[K - 1], 'val_loss': val_loss, 'hidden_norm': val_norm,
+            'elapsed_s': round(time.time() - t_start, 2), **({'alpha': alpha().item()} if alpha else {})}
+
+
+def eval_line(record, K):
+    """The evaluation line: validation loss at depths 1..K and 2K, ||h_k|| at loops 1..K and 2K, alpha if learned."""
+    val_loss, val_norm = record['val_loss'], record['hidden_norm']
+    return (f"eval {record['step']}: val loss by depth " + ' '.join(f'{v:.3f}' for v in val_loss[:K])
+            + f" | 2K {val_loss[-1]:.3f} | ||h_k|| " + ' '.join(f'{v:.1f}' for v in val_norm[:K])
+            + f" | 2K {val_norm[-1]:.1f}" + (f" | alpha {record['alpha']:.3f}" if 'alpha' in record else ''))
+
+
+def optimizer_step(model, optimizer, data, args, micro_steps, world, ctx):
+    """One optimizer step: micro_steps forward/backward passes, clip, AdamW. Returns the mean loss over the
+    micro-steps (a float) and the last micro-step's stats."""
+    lossf = 0.0
+    for micro in range(micro_steps):
+        x, y = data.train_batch()
+        if world > 1:  # all-reduce the gradients only after the last micro-step, not after each
+            model.require_backward_grad_sync = micro == micro_steps - 1
+        with ctx:
+            _, loss, stats = model(x, y)
+        (loss / micro_steps).backward()
+        lossf += loss.item() / micro_steps  # one sync per step buys an exact step number on divergence
+    if args.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return lossf, stats
+
+
+def progress_line(step, max_iters, train_ces, stats, dt, tokens_per_step, flops_per_token, peak, eta):
+    """The progress line: mean training loss since the last one, ||h_K|| now, speed, MFU and time left."""
+    return (f"step {step}/{max_iters} | loss {torch.stack(train_ces).mean().item():.4f} | ||h_K|| "
+            f"{stats['hidden_norm'][-1].item():.1f} | {dt * 1000:.0f} ms/step | {tokens_per_step / dt:,.0f} tok/s | "
+            f"MFU {fmt_mfu(tokens_per_step / dt, flops_per_token, peak)} | ETA {runs.fmt_time(eta)}")
+
+
 def train(args, model, raw_model, optimizer, data, run, rt, world, micro_steps, state, interrupts, say):
     """The training loop: evaluate, save and log every eval_interval steps; one optimizer step; progress."""
     step, best_val_loss, last_eval_step, last_record = state
@@ -334,39 +383,18 @@ def train(args, model, raw_model, optimizer, data, run, rt, world, micro_steps, 
                                                   last_record, data), step) if master else None
     t_start, step_start, t_last, train_ces = time.time(), step, time.time(), []
     while True:
-        # ---- evaluate at every depth 1..2K (2K: beyond the trained depth), save, then log
+        # ---- evaluate, save, then log
         if (step % args.eval_interval == 0 or step == args.max_iters) and step != last_eval_step:
-            val_loss, val_norm = evaluate(raw_model, val_batches, 2 * K, ctx)  # every process, in step
-            train_loss, _ = evaluate(raw_model, train_batches, K, ctx)
-            if not all(map(math.isfinite, val_loss)):
-                runs.fail(f"validation loss is {val_loss[K - 1]} at step {step}; {runs.kept(run)}")
-            best_val_loss, last_eval_step = min(best_val_loss, val_loss[K - 1]), step
-            last_record = {'step': step, 'train_loss': train_loss[K - 1], 'val_loss': val_loss, 'hidden_norm': val_norm,
-                           'elapsed_s': round(time.time() - t_start, 2), **({'alpha': alpha().item()} if alpha else {})}
+            last_record = eval_record(raw_model, val_batches, train_batches, K, ctx, step, t_start, alpha, run)
+            best_val_loss, last_eval_step = min(best_val_loss, last_record['val_loss'][K - 1]), step
             if step > 0:
                 save()  # first the checkpoint, then the log: the log never runs ahead of it
             if master:
                 run.log(last_record)
-            say(f"eval {step}: val loss by depth " + ' '.join(f'{v:.3f}' for v in val_loss[:K])
-                + f" | 2K {val_loss[-1]:.3f} | ||h_k|| " + ' '.join(f'{v:.1f}' for v in val_norm[:K])
-                + f" | 2K {val_norm[-1]:.1f}" + (f" | alpha {last_record['alpha']:.3f}" if alpha else ''))
+            say(eval_line(last_record, K))
         if step >= args.max_iters:
             break
-
-        # ---- one optimizer step: micro_steps forward/backward passes, clip, AdamW
-        lossf = 0.0
-        for micro in range(micro_steps):
-            x, y = data.train_batch()
-            if world > 1:  # all-reduce the gradients only after the last micro-step, not after each
-                model.require_backward_grad_sync = micro == micro_steps - 1
-            with ctx:
-                _, loss, stats = model(x, y)
-            (loss / micro_steps).backward()
-            lossf += loss.item() / micro_steps  # one sync per step buys an exact step number on divergence
-        if args.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        lossf, stats = optimizer_step(model, optimizer, data, args, micro_steps, world, ctx)
         step += 1
 
         # ---- agree across processes, stop on divergence, print progress, honour Ctrl-C
@@ -381,9 +409,7 @@ def train(args, model, raw_model, optimizer, data, run, rt, world, micro_steps, 
         if step % args.log_interval == 0 or step == args.max_iters:
             dt = (time.time() - t_last) / len(train_ces)
             eta = (time.time() - t_start) / (step - step_start) * (args.max_iters - step)
-            say(f"step {step}/{args.max_iters} | loss {torch.stack(train_ces).mean().item():.4f} | ||h_K|| "
-                f"{stats['hidden_norm'][-1].item():.1f} | {dt * 1000:.0f} ms/step | {tokens_per_step / dt:,.0f} tok/s | "
-                f"MFU {fmt_mfu(tokens_per_step / dt, flops_per_token, peak)} | ETA {runs.fmt_time(eta)}")
+            say(progress_line(step, args.max_iters, train_ces, stats, dt, tokens_per_step, flops_per_token, peak, eta))
             t_last, train_ces = time.time(), []
         if stop:
             save()
@@ -392,9 +418,8 @@ def train(args, model, raw_model, optimizer, data, run, rt, world, micro_steps, 
             say(f"saved {run.ckpt_path} at step {step}; continue with the same flags plus --resume", flush=True)
             sys.exit(130)
     check_replicas(raw_model, world, say)
-    say(f"done: {step} steps in {runs.fmt_time(time.time() - t_start)}; final ||h_K|| {val_norm[K - 1]:.1f}, "
-        f"val loss {val_loss[K - 1]:.4f}; log {run.log_path}")
-
+    say(f"done: {step} steps in {runs.fmt_time(time.time() - t_start)}; final ||h_K|| "
+        f"{last_record['hidden_norm'][K - 1]:.1f}, val loss {last_record['val_loss'][K - 1]:.4f}; log {run.log_path}")
 
 if __name__ == '__main__':
     main()
