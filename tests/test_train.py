@@ -421,29 +421,3 @@ def test_a_second_run_in_a_busy_out_dir_is_refused(small_data, tmp_path):
         proc.kill()
         proc.wait()
     run_train(small_data, tmp_path, '--max_iters=2', '--overwrite')  # the OS freed the lock with the process
-
-
-def test_no_two_modules_import_each_other():
-    """The repository's modules form no import cycle (imports inside functions count too): a reader can take
-    them in order, and none half-imports another."""
-    import ast
-    import glob
-    modules = {}
-    for path in glob.glob(os.path.join(ROOT, '**', '*.py'), recursive=True):
-        rel = os.path.relpath(path, ROOT)[:-3].replace(os.sep, '.')
-        modules[rel[:-len('.__init__')] if rel.endswith('.__init__') else rel] = path
-    edges = {}
-    for name, path in modules.items():
-        with open(path) as f:
-            tree = ast.parse(f.read())
-        found = set()
-        for node in ast.walk(tree):
-            targets = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module] + [f"{node.module}.{a.name}" for a in node.names] if isinstance(node, ast.ImportFrom) and node.module else []
-            found |= {t for t in targets if t in modules and t != name}
-        edges[name] = found
-    def reaches(start, goal, seen=()):
-        return any(n == goal or (n not in seen and reaches(n, goal, seen + (n,))) for n in edges.get(start, ()))
-    cycles = sorted({tuple(sorted((a, b))) for a in edges for b in edges[a] if reaches(b, a)})
-    assert not cycles, cycles
-    assert len(modules) > 20 and 'data.common' in edges['data.shakespeare_char.prepare']
