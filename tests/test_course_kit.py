@@ -204,14 +204,17 @@ def test_make_student_refuses_a_redaction_that_no_longer_matches(tmp_path, monke
 
 
 def test_the_graders_run_torch_on_one_thread():
-    """assignments/tests/conftest.py's fixture: one thread inside a grader module, the previous count after."""
+    """grading.one_thread, which every grader imports: one thread inside a grader module, the previous count after."""
     import importlib.util
     import torch
-    spec = importlib.util.spec_from_file_location('grader_conftest',
-                                                  os.path.join(ROOT, 'assignments', 'tests', 'conftest.py'))
-    conftest = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(conftest)
-    fixture = getattr(conftest.one_thread, '__wrapped__', None) or conftest.one_thread.__pytest_wrapped__.obj
+    spec = importlib.util.spec_from_file_location('grader_helpers',
+                                                  os.path.join(ROOT, 'assignments', 'tests', 'grading.py'))
+    grading = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(grading)
+    fixture = getattr(grading.one_thread, '__wrapped__', None) or grading.one_thread.__pytest_wrapped__.obj
+    for name in ('a1_readouts', 'a2_radial_gradient', 'a3_loop', 'a4_supervision', 'a5_penalty', 'a6_alpha', 'a7_exit'):
+        with open(os.path.join(ROOT, 'assignments', 'tests', f'test_{name}.py')) as f:
+            assert re.search(r'^from grading import .*\bone_thread\b', f.read(), re.M), f'test_{name}.py runs unpinned'
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from grading import check_close, tiny
+from grading import check_close, tiny, one_thread  # noqa: F401 (one_thread: autouse, torch on one thread here)
 from looped import LoopedConfig, Readout, RMSNorm
 
 UPCAST_HINT = ("Compute in at least float32 without lowering a float64 input: x.to(torch.promote_types(x.dtype, "

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from diagnose import rmsnorm_radial_grad
-from grading import check_close
+from grading import check_close, one_thread  # noqa: F401 (one_thread: autouse, torch on one thread here)
 
 
 def autograd_radial(h, grad_y, weight, eps):

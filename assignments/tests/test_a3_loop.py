@@ -4,7 +4,7 @@ PYTEST_DONT_REWRITE"""
 import pytest
 import torch
 
-from grading import check_close, tiny
+from grading import check_close, tiny, one_thread  # noqa: F401 (one_thread: autouse, torch on one thread here)
 
 
 def recorded(model, scale=1.0):

@@ -4,7 +4,7 @@ PYTEST_DONT_REWRITE"""
 import pytest
 import torch
 
-from grading import batch, check_close, distinct, short_run, tiny
+from grading import batch, check_close, distinct, short_run, tiny, one_thread  # noqa: F401 (one_thread: autouse, torch on one thread here)
 
 
 def test_value_is_lambda_times_the_mean_over_loops_of_the_mean_square():

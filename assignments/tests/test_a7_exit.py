@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from diagnose import calibrate_exit, exit_depths
-from grading import distinct
+from grading import distinct, one_thread  # noqa: F401 (one_thread: autouse, torch on one thread here)
 from looped import exit_passes
 
 LEVELS = np.linspace(0, 1, 201)  # the handout's candidate levels: 0, 0.005, ..., 1
