@@ -16,6 +16,7 @@ import torch
 import bench
 import diagnose
 import faults
+import matched_depth
 import plot_norms
 import sample
 import train
@@ -309,7 +310,8 @@ def test_every_readme_command_parses():
             spec.loader.exec_module(module)
             module.get_parser().parse_args(argv)
         else:
-            {'sample': sample, 'plot_norms': plot_norms, 'diagnose': diagnose}[script].get_parser().parse_args(argv)
+            {'sample': sample, 'plot_norms': plot_norms, 'diagnose': diagnose,
+             'matched_depth': matched_depth}[script].get_parser().parse_args(argv)
         seen.add(script)
     assert {'train', 'sample', 'plot_norms', 'diagnose', 'bench', '-m data.shakespeare_char.prepare'} <= seen, seen
 
@@ -320,7 +322,7 @@ def test_readme_flags_exist_and_the_concept_table_matches_the_defaults():
     import importlib
     sys.path.insert(0, os.path.join(ROOT, 'assignments'))
     parsers = [train.get_parser(), sample.get_parser(), diagnose.get_parser(), plot_norms.get_parser(),
-               bench.own_parser(), faults.get_parser()]
+               bench.own_parser(), faults.get_parser(), matched_depth.get_parser()]
     parsers += [importlib.import_module(m).get_parser() for m in ('data.shakespeare_char.prepare', 'data.shakespeare.prepare',
                 'data.wikitext103.prepare', 'make_student', 'check_answers', 'mutations')]
     known = {opt for parser in parsers for action in parser._actions for opt in action.option_strings}
