@@ -170,7 +170,7 @@ def test_ctrl_c_on_the_grid_lets_the_running_child_save(small_data, tmp_path):
     assert err.startswith('plot_norms.py: interrupted during per_loop + raw (seed 1): saved')
     # the way out that works for a grid is the same command again; plot_norms has no --resume of its own
     assert 'rerun the same command' in err and '--resume' not in err
-    step = torch.load(run / 'ckpt.pt', weights_only=False)['step']
+    step = torch.load(run / 'ckpt.pt', weights_only=True)['step']
     assert step >= 1 and f'at step {step}' in err  # saved by the interrupt: no evaluation is due before step 100000
     assert 'continue with the same flags plus --resume' in (run / 'train.out').read_text()
     assert not (tmp_path / 'figs').exists()
