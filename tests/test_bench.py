@@ -10,7 +10,7 @@ import sys
 from conftest import ROOT
 
 SMALL = ['--vocab_size=50257', '--n_embd=64', '--n_layer=1', '--n_head=2', '--batch_size=4', '--block_size=64',
-         '--steps=3', '--warmup=2']
+         '--steps=1', '--warmup=1']
 
 
 def peak_mib(supervision):

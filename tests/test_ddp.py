@@ -51,11 +51,12 @@ def test_two_processes_stay_in_sync_and_resume(small_data, tmp_path):
 def test_torchrun_with_default_flags(tmp_path):
     """What a user types first: no --grad_accum, so each process takes one micro-step and the global batch is
     batch_size x processes, on the default dataset (prepared here from the shipped text if it is not yet, as a
-    user's first run would, so that the two processes do not both prepare it)."""
+    user's first run would, so that the two processes do not both prepare it). One batch per evaluation: the
+    default 8 made evaluation three quarters of this test's time."""
     from data import find_dataset
     find_dataset('shakespeare_char')
     cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'train.py',
-           '--device=cpu', '--max_iters=4', '--eval_interval=2', f'--out_dir={tmp_path}']
+           '--device=cpu', '--max_iters=4', '--eval_interval=2', '--eval_iters=1', f'--out_dir={tmp_path}']
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert 'global batch 32 = 16 x 1 micro-steps x 2 processes' in r.stdout
