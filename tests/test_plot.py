@@ -97,7 +97,8 @@ def test_grid_runs_then_reuses(small_data, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(grid, 'CONDITIONS', {'per_loop + raw': ['--readout=raw'],
                                                    'terminal + rmsnorm': ['--supervision=terminal']})
     extra = ' '.join(['--dataset', small_data, *TINY, '--max_iters=2', '--eval_interval=2'])
-    argv = ['--run', '--out_root', str(tmp_path / 'grid'), '--fig_dir', str(tmp_path / 'figs'), '--train_args', extra]
+    argv = ['--run', '--out_root', str(tmp_path / 'grid'), '--fig_dir', str(tmp_path / 'figs'), '--exit_windows=0',
+            '--train_args', extra]
     plot_norms.main(argv)
     assert 'training (new)' in capsys.readouterr().out
     plot_norms.main(argv)
