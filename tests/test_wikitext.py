@@ -95,9 +95,10 @@ def test_epochs_count_windows_at_half_stride_as_the_authors_do():
 
 
 def test_paper_config_prints_its_step_count(word_data, tmp_path, capsys):
-    # the paper's epochs-to-steps path with a small model: the 44M-parameter one trains in the test below
+    # the paper's epochs-to-steps path with a small model: the 44M-parameter one trains in the test above
     train.main(['--config=paper_44m', '--dataset', str(word_data), '--epochs=0.05', '--batch_size=2',
-                '--block_size=64', '--n_layer=1', '--n_embd=64', '--n_head=2', '--eval_interval=100', '--eval_iters=1', '--out_dir', str(tmp_path)])
+                '--block_size=64', '--n_layer=1', '--n_embd=64', '--n_head=2', '--eval_interval=100', '--eval_iters=1',
+                '--out_dir', str(tmp_path)])
     n = len(np.fromfile(word_data / 'train.bin', dtype=np.uint16))
     steps, windows = train.steps_from_epochs(0.05, n, 64, 2)
     assert f"0.05 epochs x {windows:,} windows ({n:,} tokens in windows of 64 at stride 32) / 2 per step = {steps:,} steps" \
