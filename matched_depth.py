@@ -91,16 +91,21 @@ def run_curves(folder, max_windows, device):
 def matched_rows(paired, curves, reference):
     """One row per configuration, condition and score: {'config', 'condition', 'score', 'pairs', 'seeds', 'depths',
     'stats': [paired_stats of each depth, or None where a pair's curve does not reach it]}."""
-    rows = []
+    rows, labels = [], set()
     for name, entry in paired.items():
         if not entry['pairs']:
             continue
-        grid = depth_grid(entry['K'])
+        grid, first = depth_grid(entry['K']), entry['pairs'][0][1]
+        config = first['config'].get('config', '')
+        # the configuration has its own column, so a condition keeps its plain name there; group_runs' bracketed
+        # folder name stays only where one configuration holds two groups of that condition
+        label = name if (config, first['name']) in labels else first['name']
+        labels.add((config, label))
         for score in diagnose.SCORES:
             diffs = np.array([curves[run['folder']][score][:len(grid)] - curves[ref['folder']][score][:len(grid)]
                               for _, run, ref in entry['pairs']])  # (pairs, depths)
             stats = [paired_stats(diffs[:, j]) if np.isfinite(diffs[:, j]).all() else None for j in range(len(grid))]
-            rows.append({'config': entry['pairs'][0][1]['config'].get('config', ''), 'condition': name,
+            rows.append({'config': config, 'condition': label,
                          'score': score, 'pairs': len(entry['pairs']), 'seeds': [s for s, _, _ in entry['pairs']],
                          'depths': grid, 'stats': stats, 'reference': reference})
     return rows

@@ -29,8 +29,8 @@ def test_read_at_interpolates_between_neighbouring_thresholds_and_never_extrapol
     assert math.isnan(part[0]) and math.isnan(part[3]) and part[1] == pytest.approx(1.875)
 
 
-def fake_run(folder, condition, seed, readout):
-    cfg = {'seed': seed, 'config': 'laptop_long', 'dataset': 'shakespeare_char', 'learning_rate': 3e-3,
+def fake_run(folder, condition, seed, readout, config='laptop_long', learning_rate=3e-3):
+    cfg = {'seed': seed, 'config': config, 'dataset': 'shakespeare_char', 'learning_rate': learning_rate,
            'model': {'readout': readout, 'supervision': 'per_loop', 'n_loop': 3, 'norm_penalty': 0.0,
                      'recurrence': 'residual', 'init': 'paper', 'alpha': None, 'n_embd': 64}}
     cfg.update({k: cfg['model'][k] for k in ('readout', 'supervision', 'norm_penalty', 'recurrence', 'init', 'alpha')})
@@ -60,6 +60,19 @@ def test_pairs_are_compared_seed_by_seed_at_each_depth():
     assert rows[0]['stats'][4] is None  # not reached by every pair: no value, and the table says so
     assert md.cell(rows[0]['stats'][4], 'per_loop + rmsnorm') == 'not reached'
     assert md.cell(rows[0]['stats'][0], 'per_loop + rmsnorm').endswith(' higher')
+
+
+def test_each_configuration_names_its_conditions_plainly():
+    from grid import group_runs
+    from stats import pair_up
+    runs = [fake_run(f"{c}/{r}{s}", f"per_loop + {r}", s, r, config=c, learning_rate=lr)
+            for c, lr in (('laptop_long', 3e-3), ('laptop_deep', 1e-3)) for r in ('rmsnorm', 'raw') for s in (1, 2)]
+    curves = {run['folder']: {score: np.zeros(5) for score in md.diagnose.SCORES} for run in runs}
+    rows = md.matched_rows(pair_up(group_runs(runs), 'per_loop + rmsnorm'), curves, 'per_loop + rmsnorm')
+    # the configuration column tells the two raw rows apart; no folder name is glued to the condition
+    assert sorted({(r['config'], r['condition']) for r in rows}) == [('laptop_deep', 'per_loop + raw'),
+                                                                     ('laptop_long', 'per_loop + raw')]
+    assert all(r['pairs'] == 2 and r['seeds'] == [1, 2] for r in rows)
 
 
 def test_the_command_writes_table_and_figure_from_run_folders(small_data, tmp_path, capsys):
