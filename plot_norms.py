@@ -31,10 +31,10 @@ matplotlib.use('Agg')  # files only; no display needed (before pyplot is importe
 import matplotlib.pyplot as plt  # noqa: E402
 
 import diagnose
+from configs import CONFIGS
 from data.common import check_writable, write_atomically
 from grid import CONDITIONS, LogError, group_runs, load_run, run_grid, slug
 from stats import LEVEL, REFERENCE, pair_up, paired_diffs, paired_rows, paired_stats, progress
-from train import CONFIGS
 
 # Okabe-Ito colours (colour-blind safe; its yellow swapped for a darker wine, which reads on white) with
 # line styles and markers, so the figures also read in grey.

@@ -14,9 +14,9 @@ Continue an interrupted run (same flags), or extend it:
 Several processes (each takes one micro-step per optimizer step unless --grad_accum says otherwise):
     torchrun --standalone --nproc_per_node=2 train.py --device=cpu
 
-Not here: the model (looped.py), the run folder's promises (runs.py: lock, saves, resume, signals), the
-datasets (data/), a grid of runs and its figures (grid.py, plot_norms.py), measurements of a trained model
-(diagnose.py).
+Not here: the model (looped.py), the named configurations (configs.py), the run folder's promises (runs.py:
+lock, saves, resume, signals), the datasets (data/), a grid of runs and its figures (grid.py, plot_norms.py),
+measurements of a trained model (diagnose.py).
 """
 
 import argparse
@@ -31,36 +31,11 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import runs
+from configs import CONFIGS
 from data import DATASETS, find_dataset
 from data.common import check_same_data, read_dataset
 from looped import (LoopedConfig, LoopedGPT, READOUTS, RECURRENCES, SUPERVISIONS, INITS, MLPS, check_replicas, fmt_mfu,
                     peak_flops, resolve_device, setup_distributed)
-
-# Named configurations; any explicit flag overrides them. 'laptop' is the default: on a 2-core CPU it
-# trains, evaluates and checkpoints in a few minutes and its log shows the blind spot.
-CONFIGS = {
-    'laptop': dict(n_layer=2, n_embd=128, n_head=4, n_loop=4, block_size=128, batch_size=16, dropout=0.0,
-                   max_iters=500, eval_interval=100, eval_iters=8, log_interval=20, learning_rate=3e-3),
-    # Claim 4 on a laptop (plot_norms.py --run --config=laptop_long --seeds=8): a narrow model, so that a 2-core CPU
-    # gets through 2000 steps in about 4 minutes a run; laptop_deep asks the same of a deeper, wider stack (13 min)
-    'laptop_long': dict(n_layer=2, n_embd=64, n_head=4, n_loop=4, block_size=128, batch_size=16, dropout=0.0,
-                        max_iters=2000, eval_interval=100, eval_iters=4, log_interval=100, learning_rate=3e-3),
-    'laptop_deep': dict(n_layer=4, n_embd=128, n_head=4, n_loop=4, block_size=128, batch_size=16, dropout=0.0,
-                        max_iters=1500, eval_interval=100, eval_iters=4, log_interval=100, learning_rate=1e-3),
-    'gpu_char': dict(n_layer=4, n_embd=256, n_head=4, n_loop=4, block_size=256, batch_size=32, dropout=0.1,
-                     max_iters=3000, eval_interval=250, eval_iters=20, log_interval=50, learning_rate=3e-4),
-    # The authors' recipe: the whole stack looped K=4 times, SwiGLU, tied embeddings, dropout 0.1, AdamW 3e-4
-    # constant with weight decay 0.01 on everything, clip 1.0, context 256, 4 epochs of WikiText-103 with the
-    # word-level tokenizer (python -m data.wikitext103.prepare). An epoch is counted their way: one pass over
-    # the windows of 256 tokens taken at stride 128 (see steps_from_epochs). For a GPU; on a CPU try
-    # --max_iters=2 --batch_size=2.
-    'paper_44m': dict(n_layer=8, n_embd=512, n_head=8, n_loop=4, block_size=256, batch_size=64, dropout=0.1,
-                      max_iters=None, epochs=4, eval_interval=1000, eval_iters=20, log_interval=50,
-                      learning_rate=3e-4, dataset='wikitext103'),
-    'paper_129m': dict(n_layer=12, n_embd=768, n_head=12, n_loop=4, block_size=256, batch_size=32, dropout=0.1,
-                       max_iters=None, epochs=4, eval_interval=1000, eval_iters=20, log_interval=50,
-                       learning_rate=3e-4, dataset='wikitext103'),
-}
 
 
 def str2bool(s):
@@ -145,10 +120,9 @@ def parse_args(argv=None):
     for name in ('batch_size', 'eval_interval', 'eval_iters', 'log_interval') + (('max_iters',) if args.epochs is None else ()):
         if getattr(args, name) < 1:
             parser.error(f"--{name}={getattr(args, name)} must be at least 1")
-    if args.grad_accum is not None and args.grad_accum < 1:
-        parser.error(f"--grad_accum={args.grad_accum} must be at least 1")
     finite = lambda v: v is not None and math.isfinite(v)  # nan and inf pass comparisons that were not meant for them
-    for name, ok, want in (('learning_rate', finite(args.learning_rate) and args.learning_rate > 0, 'a finite number > 0'),
+    for name, ok, want in (('grad_accum', args.grad_accum is None or args.grad_accum >= 1, 'at least 1'),
+                           ('learning_rate', finite(args.learning_rate) and args.learning_rate > 0, 'a finite number > 0'),
                            ('weight_decay', finite(args.weight_decay) and args.weight_decay >= 0, 'a finite number >= 0'),
                            ('grad_clip', finite(args.grad_clip) and args.grad_clip >= 0, 'a finite number >= 0 (0: off)'),
                            ('epochs', args.epochs is None or (finite(args.epochs) and args.epochs > 0), 'finite and > 0'),
@@ -420,6 +394,7 @@ def train(args, model, raw_model, optimizer, data, run, rt, world, micro_steps, 
     check_replicas(raw_model, world, say)
     say(f"done: {step} steps in {runs.fmt_time(time.time() - t_start)}; final ||h_K|| "
         f"{last_record['hidden_norm'][K - 1]:.1f}, val loss {last_record['val_loss'][K - 1]:.4f}; log {run.log_path}")
+
 
 if __name__ == '__main__':
     main()

@@ -1,0 +1,30 @@
+"""
+The named configurations of train.py --config: sizes, steps, evaluation and learning rate of each. Any flag given
+on the command line overrides its value here; the model flags themselves are described in looped.LoopedConfig.
+"""
+
+# 'laptop' is the default: on a 2-core CPU it trains, evaluates and checkpoints in a few minutes and its log shows
+# the blind spot.
+CONFIGS = {
+    'laptop': dict(n_layer=2, n_embd=128, n_head=4, n_loop=4, block_size=128, batch_size=16, dropout=0.0,
+                   max_iters=500, eval_interval=100, eval_iters=8, log_interval=20, learning_rate=3e-3),
+    # Claim 4 on a laptop (plot_norms.py --run --config=laptop_long --seeds=8): a narrow model, so that a 2-core CPU
+    # gets through 2000 steps in about 4 minutes a run; laptop_deep asks the same of a deeper, wider stack (13 min)
+    'laptop_long': dict(n_layer=2, n_embd=64, n_head=4, n_loop=4, block_size=128, batch_size=16, dropout=0.0,
+                        max_iters=2000, eval_interval=100, eval_iters=4, log_interval=100, learning_rate=3e-3),
+    'laptop_deep': dict(n_layer=4, n_embd=128, n_head=4, n_loop=4, block_size=128, batch_size=16, dropout=0.0,
+                        max_iters=1500, eval_interval=100, eval_iters=4, log_interval=100, learning_rate=1e-3),
+    'gpu_char': dict(n_layer=4, n_embd=256, n_head=4, n_loop=4, block_size=256, batch_size=32, dropout=0.1,
+                     max_iters=3000, eval_interval=250, eval_iters=20, log_interval=50, learning_rate=3e-4),
+    # The authors' recipe: the whole stack looped K=4 times, SwiGLU, tied embeddings, dropout 0.1, AdamW 3e-4
+    # constant with weight decay 0.01 on everything, clip 1.0, context 256, 4 epochs of WikiText-103 with the
+    # word-level tokenizer (python -m data.wikitext103.prepare). An epoch is counted their way: one pass over
+    # the windows of 256 tokens taken at stride 128 (see train.steps_from_epochs). For a GPU; on a CPU try
+    # --max_iters=2 --batch_size=2.
+    'paper_44m': dict(n_layer=8, n_embd=512, n_head=8, n_loop=4, block_size=256, batch_size=64, dropout=0.1,
+                      max_iters=None, epochs=4, eval_interval=1000, eval_iters=20, log_interval=50,
+                      learning_rate=3e-4, dataset='wikitext103'),
+    'paper_129m': dict(n_layer=12, n_embd=768, n_head=12, n_loop=4, block_size=256, batch_size=32, dropout=0.1,
+                       max_iters=None, epochs=4, eval_interval=1000, eval_iters=20, log_interval=50,
+                       learning_rate=3e-4, dataset='wikitext103'),
+}
