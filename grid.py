@@ -15,6 +15,7 @@ Not here: the flags (plot_norms.py parses --run, --seeds, --conditions, --train_
 figures and tables (plot_norms.py), the paired statistics (stats.py).
 """
 
+import glob
 import json
 import os
 import signal
@@ -91,6 +92,18 @@ def load_run(folder):
     cfg = head['config']['model']
     # K is each run's own: runs of different depths can share one plot
     return {'folder': folder, 'name': condition_name(cfg), 'config': head['config'], 'records': records, 'K': K}
+
+
+def load_runs(patterns, folders=()):
+    """load_run of every folder, then of every folder the patterns name (quoted globs are expanded here, so they
+    work the same on every shell); a folder named twice is read once. LogError for a pattern that matches nothing."""
+    folders = list(folders)
+    for pattern in patterns:
+        matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
+        if not matches:
+            raise LogError(f"{pattern}: matches no folder")
+        folders += [m for m in matches if m not in folders]
+    return [load_run(folder) for folder in folders]
 
 
 def group_runs(runs):

@@ -30,8 +30,6 @@ benchmark (diagnose.exit_benchmark), the fixed-depth tables (plot_norms.py).
 """
 
 import argparse
-import glob
-import math
 import os
 import sys
 
@@ -40,7 +38,7 @@ import torch
 
 import diagnose
 from data.common import check_writable, write_atomically
-from grid import LogError, group_runs, load_run
+from grid import LogError, group_runs, load_runs
 from looped import LoopedGPT, resolve_device
 from stats import REFERENCE, pair_up, paired_stats, verdict
 
@@ -196,14 +194,8 @@ def main(argv=None):
         check_writable(os.path.join(args.fig_dir, 'matched_depth.md'))
     except ValueError as e:
         p.error(f"--fig_dir: {e}")
-    folders = []
-    for pattern in args.runs:  # quoted globs are expanded here, so they work the same on every shell
-        matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
-        if not matches:
-            p.error(f"{pattern}: matches no folder")
-        folders += [m for m in matches if m not in folders]
     try:
-        runs = [load_run(folder) for folder in folders]
+        runs = load_runs(args.runs)
     except LogError as e:
         sys.exit(f"matched_depth.py: error: {e}")
     if args.reference not in {run['name'] for run in runs}:

@@ -18,7 +18,6 @@ early-exit measurement (diagnose.py: exit_results, exit_summary, plot_pareto).
 
 import argparse
 import csv
-import glob
 import io
 import os
 import shlex
@@ -33,7 +32,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import diagnose
 from configs import CONFIGS
 from data.common import check_writable, write_atomically
-from grid import CONDITIONS, LogError, group_runs, load_run, run_grid, slug
+from grid import CONDITIONS, LogError, group_runs, load_runs, run_grid, slug
 from stats import LEVEL, REFERENCE, pair_up, paired_diffs, paired_rows, paired_stats, progress
 
 # Okabe-Ito colours (colour-blind safe; its yellow swapped for a darker wine, which reads on white) with
@@ -374,16 +373,11 @@ def check_flags(p, args):
     return train_args, names, fig_dir
 
 
-def read_runs(p, args, folders):
-    """Every run named on the command line (quoted globs expanded here, so they work the same on every shell) after
-    the grid's own folders, read before anything is drawn: one bad folder is one line, not a half-written figure set."""
-    for pattern in args.runs:
-        matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
-        if not matches:
-            p.error(f"{pattern}: matches no folder")
-        folders += [m for m in matches if m not in folders]
+def read_runs(args, folders):
+    """Every run named on the command line after the grid's own folders, read before anything is drawn: one bad
+    folder is one line, not a half-written figure set."""
     try:
-        return [load_run(folder) for folder in folders]
+        return load_runs(args.runs, folders)
     except LogError as e:
         sys.exit(f"plot_norms.py: error: {e}")
 
@@ -421,7 +415,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     train_args, names, fig_dir = check_flags(p, args)
     folders = run_grid(args.config, range(1, args.seeds + 1), args.out_root, train_args, names) if args.run else []
-    runs = read_runs(p, args, folders)
+    runs = read_runs(args, folders)
     groups = group_runs(runs)
     reference = pick_reference(p, args, runs)
     paired = pair_up(groups, reference)  # from every run: pair_up picks its own step per condition

@@ -93,3 +93,5 @@ def test_the_command_writes_table_and_figure_from_run_folders(small_data, tmp_pa
     assert (out / 'fig7_matched_depth.png').stat().st_size > 10_000
     with pytest.raises(SystemExit, match='no such condition'):
         md.main([str(tmp_path / 'runs' / 'raw-*'), f'--fig_dir={out}'])
+    with pytest.raises(SystemExit, match=r'nothing-\*: matches no folder$'):
+        md.main([str(tmp_path / 'runs' / '*'), str(tmp_path / 'nothing-*'), f'--fig_dir={out}'])

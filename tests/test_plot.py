@@ -93,6 +93,14 @@ def test_unreadable_run_folder_is_a_one_line_error(two_runs, tmp_path, content, 
     assert message in str(e.value.code) and str(bad) in str(e.value.code) and '\n' not in str(e.value.code)
 
 
+def test_a_pattern_that_matches_no_folder_is_a_one_line_error(two_runs, tmp_path):
+    nothing = str(tmp_path / 'nothing-*')
+    with pytest.raises(SystemExit) as e:
+        plot_norms.main([str(two_runs / 'rms'), nothing, '--fig_dir', str(tmp_path / 'figs')])
+    assert e.value.code == f"plot_norms.py: error: {nothing}: matches no folder"
+    assert not (tmp_path / 'figs').exists()
+
+
 def test_grid_runs_then_reuses(small_data, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(grid, 'CONDITIONS', {'per_loop + raw': ['--readout=raw'],
                                                    'terminal + rmsnorm': ['--supervision=terminal']})
