@@ -21,6 +21,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -143,14 +144,19 @@ def run_child(cmd):
             proc.send_signal(signum)
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        # its own process group: a Ctrl-C in the terminal reaches only plot_norms, which passes it on once (the
-        # child would take a second copy of the same keypress as "abort")
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, process_group=0)
-        while pending:  # one that landed while the child was being started
-            proc.send_signal(pending.pop(0))
-        output = proc.stdout.read()  # interrupted reads resume after forward() (PEP 475)
-        return proc.wait(), output, received
+        # its output goes to a file, not a pipe: reading a busy pipe to its end runs no Python signal handler until
+        # the child exits, so a Ctrl-C landing between two reads would wait for the end of the run
+        with tempfile.TemporaryFile('w+') as out:
+            # its own process group: a Ctrl-C in the terminal reaches only plot_norms, which passes it on once (the
+            # child would take a second copy of the same keypress as "abort")
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, text=True,
+                                    process_group=0)
+            while pending:  # one that landed while the child was being started
+                proc.send_signal(pending.pop(0))
+            while proc.poll() is None:  # a short sleep, not a blocking wait: forward() runs within 0.1 s
+                time.sleep(0.1)
+            out.seek(0)
+            return proc.returncode, out.read(), received
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

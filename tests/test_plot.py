@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -183,6 +184,30 @@ def test_ctrl_c_on_the_grid_lets_the_running_child_save(small_data, tmp_path):
     assert step >= 1 and f'at step {step}' in err  # saved by the interrupt: no evaluation is due before step 100000
     assert 'continue with the same flags plus --resume' in (run / 'train.out').read_text()
     assert not (tmp_path / 'figs').exists()
+
+
+def test_ctrl_c_reaches_a_child_that_prints_without_pause():
+    """The grid passes a Ctrl-C on at once even while its child writes output without a pause (a tiny model's
+    progress lines): reading that output through a pipe ran no signal handler until the child ended (CI failure)."""
+    child = [sys.executable, '-c', """if True:
+        import signal, sys, time
+        got, start, i = [], time.time(), 0
+        signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum))
+        while not got and time.time() - start < 30:
+            print('x' * 100, i, flush=True)
+            i += 1
+        print('saved' if got else 'never interrupted')
+        sys.exit(130 if got else 0)"""]
+    for _ in range(3):  # the old pipe lost most of these
+        timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        started = time.time()
+        try:
+            returncode, output, signals = grid.run_child(child)
+        finally:
+            timer.cancel()
+        assert output.strip().splitlines()[-1] == 'saved' and returncode == 130 and signals == [signal.SIGINT]
+        assert time.time() - started < 20
 
 
 def test_figures_never_go_through_a_planted_link_and_bad_destinations_stop_first(two_runs, tmp_path):
