@@ -34,8 +34,8 @@ import runs
 from configs import CONFIGS
 from data import DATASETS, find_dataset
 from data.common import check_same_data, read_dataset
-from looped import (LoopedConfig, LoopedGPT, READOUTS, RECURRENCES, SUPERVISIONS, INITS, MLPS, check_replicas, fmt_mfu,
-                    peak_flops, resolve_device, setup_distributed)
+from looped import (LoopedConfig, LoopedGPT, READOUTS, RECURRENCES, SUPERVISIONS, INITS, MLPS, check_replicas, end_distributed,
+                    fmt_mfu, peak_flops, resolve_device, setup_distributed)
 
 
 def str2bool(s):
@@ -294,14 +294,7 @@ def main(argv=None):
         runs.fail(e)
     finally:  # the folder free for the next run, and the process group gone
         run.close()
-        if dist.is_initialized():
-            if sys.exc_info()[0] is None:  # no process tears the group down while another still uses it
-                dist.barrier()
-            dist.destroy_process_group()
-            # gloo's threads let go of the last collectives' tensors a moment after they complete, and need the GIL
-            # for it; a process that exits first aborts in Python's shutdown (SIGABRT, 3 of 39 runs here). This
-            # sleep hands them the GIL.
-            time.sleep(0.05)
+        end_distributed(ok=sys.exc_info()[0] is None)
 
 
 def eval_record(raw_model, val_batches, train_batches, K, ctx, step, t_start, alpha, run):
