@@ -34,8 +34,8 @@ import runs
 from configs import CONFIGS
 from data import DATASETS, find_dataset
 from data.common import check_same_data, read_dataset
-from looped import (LoopedConfig, LoopedGPT, READOUTS, RECURRENCES, SUPERVISIONS, INITS, MLPS, check_replicas, end_distributed,
-                    fmt_mfu, peak_flops, resolve_device, setup_distributed)
+from looped import (LoopedConfig, LoopedGPT, READOUTS, RECURRENCES, SUPERVISIONS, INITS, MLPS, check_replicas,
+                    end_distributed, fmt_mfu, peak_flops, resolve_device, setup_distributed)
 
 
 def str2bool(s):
