@@ -198,7 +198,7 @@ def test_ctrl_c_reaches_a_child_that_prints_without_pause():
             i += 1
         print('saved' if got else 'never interrupted')
         sys.exit(130 if got else 0)"""]
-    for _ in range(3):  # the old pipe lost most of these
+    for _ in range(3):  # through the old pipe the first one already waited for the child's end
         timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
         timer.start()
         started = time.time()
