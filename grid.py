@@ -23,8 +23,34 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import fields
+
+from looped import LoopedConfig
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+def condition_name(cfg):
+    """A run's condition, from the model config in its log: 'supervision + readout', then the label of every other
+    variant that is not at its default (looped.LoopedConfig declares each; older logs lack the newer ones)."""
+    name = f"{cfg['supervision']} + {cfg['readout']}"
+    for f in LoopedConfig.variants():
+        value = cfg.get(f.name, f.default)
+        if f.name in ('supervision', 'readout') or value == f.default:
+            continue
+        label = f.metadata['label'] or ((lambda v: f" + {v}") if f.metadata['choices'] else
+                                        (lambda v, tag=f.metadata['tag']: f" + {tag}{v:g}"))
+        name += label(value)
+    return name
+
+
+def flags_name(flags):
+    """The condition name of a list of train.py model flags ('--name=value'), as condition_name names its run."""
+    cfg = {f.name: f.default for f in fields(LoopedConfig)}
+    for flag in flags:
+        name, value = flag[2:].split('=', 1)
+        cfg[name] = type(cfg[name])(value) if cfg[name] is not None else float(value)
+    return condition_name(cfg)
+
 
 # The paper's main grid plus the two variants its abstract names; each is one train.py run per seed.
 CONDITIONS = {
@@ -39,28 +65,52 @@ CONDITIONS = {
     'per_loop + rmsnorm + normed': ['--supervision=per_loop', '--readout=rmsnorm', '--recurrence=normed'],
     'per_loop + alpha': ['--supervision=per_loop', '--readout=alpha'],
 }
+# The field's looped designs (looped.py's injection, prelude/coda, block, depth_sampling, bptt) by name, for the
+# atlas: "does this design carry the state's scale from loop to loop?"
+DESIGNS = {
+    'residual': [], 'normed': ['--recurrence=normed'], 'sandwich': ['--block=sandwich'],
+    'sandwich + normed': ['--block=sandwich', '--recurrence=normed'],
+    'add': ['--injection=add'], 'concat': ['--injection=concat'], 'prelude1 + coda1': ['--n_prelude=1', '--n_coda=1'],
+    'sampled depth': ['--depth_sampling=poisson_lognormal'], 'bptt1': ['--bptt=1'],
+    # looped_nanochat's defaults at this size: prelude and coda around the core, concat injection, sandwich layers,
+    # a norm after every loop, the sampled loop count (its bptt_k = 4 truncates nothing at K = 4)
+    'looped_nanochat': ['--n_prelude=1', '--n_coda=1', '--injection=concat', '--block=sandwich', '--recurrence=normed',
+                        '--depth_sampling=poisson_lognormal'],
+}
+# What the design rule predicts for each design, written down before the atlas was run (commit "atlas:
+# predictions"): is the state's scale carried from loop to loop (nothing renormalizes it between passes, so
+# ||h_K|| / ||h_1|| > 1.5 at the end of training) or removed (< 1.5)? and is ||h_K|| large (> 100: the scale grows
+# where the loss cannot see it) or small (< 100) under the scale-invariant rmsnorm readout and under raw, where the
+# loss sees the scale? plot_norms.atlas_table sets each prediction beside its measurement and says if they agree.
+PREDICTIONS = {  # design: (scale carried?, level under rmsnorm, level under raw, why)
+    'residual': (True, 'large', 'small', 'pre-norm residual: pass k+1 starts from h_k, scale and all'),
+    'normed': (False, 'large', 'small', 'RMSNorm between passes removes the carried scale, but one pass can still '
+               'grow its output where the readout hides it (the paper grid: 518 at step 200)'),
+    'sandwich': (False, 'small', 'small', 'every layer ends in a norm: ||h_k|| = the RMS of its gain times sqrt(d)'),
+    'sandwich + normed': (False, 'small', 'small', 'as sandwich; the inter-loop norm has nothing left to remove'),
+    'add': (True, 'large', 'small', 'h + e keeps h\'s scale and adds e\'s at every pass'),
+    'concat': (True, 'large', 'small', 'W [h; e] starts as the identity on h, so it carries the scale as residual does'),
+    'prelude1 + coda1': (True, 'large', 'small', 'the core is a pre-norm loop; a pre-norm coda keeps the scale, so '
+                         'raw still sees it'),
+    'sampled depth': (True, 'large', 'small', 'the loop is unchanged; only the count varies'),
+    'bptt1': (True, 'large', 'small', 'the forward pass is unchanged; each pass still has its own readout\'s gradient'),
+    'looped_nanochat': (False, 'small', 'small', 'sandwich layers and a norm after every loop'),
+}
+# every design under a scale-invariant and a scale-visible readout, per-loop supervision
+ATLAS = {flags_name(flags): flags for design in DESIGNS.values()
+         for flags in (['--supervision=per_loop', f'--readout={r}', *design] for r in ('rmsnorm', 'raw'))}
 # Claim 4 (scale control wins at matched depth once training is long enough) compares per-loop runs only.
 CLAIM4 = ['per_loop + rmsnorm', 'per_loop + raw', 'per_loop + rmsnorm + penalty', 'per_loop + final_norm',
           'per_loop + rmsnorm + normed', 'per_loop + alpha']
-# laptop_deep asks whether the ranking of the two readouts turns in a deeper stack (13 minutes a run on 2 cores)
-GRID_CONDITIONS = {'laptop_long': CLAIM4, 'laptop_deep': ['per_loop + rmsnorm', 'per_loop + raw']}  # others: all ten
+# The named grids (plot_norms.py --grid): each a fixed list of conditions, so adding a design changes none of them
+GRIDS = {'paper': dict(CONDITIONS), 'claim4': {n: CONDITIONS[n] for n in CLAIM4}, 'atlas': ATLAS,
+         'readouts': {n: CONDITIONS[n] for n in ('per_loop + rmsnorm', 'per_loop + raw')}}
+# the grid a configuration runs unless --grid says otherwise (laptop_deep asks whether the ranking of the two
+# readouts turns in a deeper stack, 13 minutes a run on 2 cores); any other configuration: the paper's ten
+DEFAULT_GRID = {'laptop_long': 'claim4', 'laptop_deep': 'readouts'}
 # Grid runs are shorter than single runs: on 'laptop' all ten fit in about 15 minutes on a 2-core CPU.
 GRID_FLAGS = {'laptop': ['--max_iters=200', '--eval_interval=40', '--eval_iters=4'],
               'gpu_char': ['--max_iters=1000', '--eval_interval=100']}
-
-
-def condition_name(cfg):
-    """The CONDITIONS key of a run, from the model config in its log."""
-    name = f"{cfg['supervision']} + {cfg['readout']}"
-    if cfg.get('alpha') is not None:
-        name += f" {cfg['alpha']:g}"
-    if cfg['norm_penalty'] > 0:
-        name += ' + penalty' if cfg['norm_penalty'] == 0.01 else f" + penalty {cfg['norm_penalty']:g}"
-    if cfg['recurrence'] == 'normed':
-        name += ' + normed'
-    if cfg['init'] != 'paper':
-        name += f" ({cfg['init']} init)"
-    return name
 
 
 class LogError(Exception):
@@ -108,7 +158,7 @@ def load_runs(patterns, folders=()):
 
 
 def group_runs(runs):
-    """Runs that differ only in their seed together, in CONDITIONS order, then any others."""
+    """Runs that differ only in their seed together, in the order of the grids' conditions, then any others."""
     # two runs are seeds of one condition when every flag but these agrees (max_iters: a resumed, longer run
     # is still the same condition)
     same = lambda run: json.dumps({k: v for k, v in run['config'].items()
@@ -122,7 +172,8 @@ def group_runs(runs):
         if name in groups:  # same condition, other settings (width, learning rate...): tell them apart
             name += f" [{os.path.basename(os.path.normpath(members[0]['folder']))}]"
         groups[name] = members
-    order = list(CONDITIONS) + sorted(set(groups) - set(CONDITIONS))
+    known = list(dict.fromkeys(name for conditions in GRIDS.values() for name in conditions))
+    order = known + sorted(set(groups) - set(known))
     return {name: groups[name] for name in order if name in groups}
 
 
@@ -162,12 +213,17 @@ def run_child(cmd):
             signal.signal(sig, handler)
 
 
-def run_grid(config, seeds, out_root, extra, names=None):
-    """Train every condition for every seed, one after another; reuse finished runs, resume interrupted ones.
-    Seed by seed: whatever is finished when the grid is stopped is a complete set of pairs."""
+def grid_of(config, grid=None):
+    """The conditions {name: flags} of the named grid, or of the configuration's default one."""
+    return GRIDS[grid or DEFAULT_GRID.get(config, 'paper')]
+
+
+def run_grid(config, seeds, out_root, extra, names=None, grid=None):
+    """Train every condition of the grid (or those named) for every seed, one after another; reuse finished runs,
+    resume interrupted ones. Seed by seed: whatever is finished when the grid is stopped is a complete set of pairs."""
     folders, t0, trained, train_s = [], time.time(), 0, 0.0
-    names = names or GRID_CONDITIONS.get(config, list(CONDITIONS))
-    jobs = [(name, CONDITIONS[name], seed) for seed in seeds for name in names]
+    conditions = grid_of(config, grid)
+    jobs = [(name, conditions[name], seed) for seed in seeds for name in names or conditions]
     for i, (name, flags, seed) in enumerate(jobs):
         folder = os.path.join(out_root, config, slug(name) + f"-seed{seed}")
         folders.append(folder)

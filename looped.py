@@ -27,58 +27,80 @@ loading a checkpoint (LoopedGPT.from_checkpoint) and choosing the device (resolv
 import math
 import os
 import pickle
-import time
 import warnings
 from contextlib import nullcontext
-from dataclasses import dataclass, asdict
+from dataclasses import asdict, dataclass, field, fields
 from typing import Optional
 
+import numpy as np
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
-# The allowed values of every variant field; the scripts use these as argparse choices.
-READOUTS = ('rmsnorm', 'layernorm', 'raw', 'final_norm', 'alpha')
-RECURRENCES = ('residual', 'normed')
-SUPERVISIONS = ('per_loop', 'terminal')
-INITS = ('paper', 'gpt2')
-MLPS = ('swiglu', 'gelu')
-ATTENTIONS = ('sdpa', 'manual')
-EXITS = ('confidence', 'kl')  # early-exit rules at inference, see exit_passes
+def knob(default, help, choices=None, tag=None, label=None):
+    """A LoopedConfig field with what the scripts derive from it: argparse choices and help (train.py's flags),
+    and, for a variant of the model (any field with choices or a tag), how it names a run when it is not at its
+    default: tag + value in the run folder's name (out/laptop-raw-pen0.01; a field with choices uses its value
+    alone) and label(value) in the condition's name ('per_loop + rmsnorm + penalty'). Declaring a design here,
+    once, is what gives it a flag, a checkpoint entry, a run name and a row in the grid's tables."""
+    return field(default=default, metadata={'help': help, 'choices': choices, 'tag': tag, 'label': label})
 
 
 @dataclass
 class LoopedConfig:
-    vocab_size: int = 65        # 65 = the characters of tiny Shakespeare
-    block_size: int = 128       # context length T; also the size of the learned position table
-    n_embd: int = 128           # width d of the residual stream
-    n_head: int = 4             # attention heads; must divide n_embd
-    n_layer: int = 2            # layers in the ONE shared stack (unique layers, not the unrolled depth)
-    n_loop: int = 4             # K: how many times the stack is applied (unrolled depth = n_layer * K)
-    dropout: float = 0.0        # the paper uses 0.1; 0 on tiny CPU runs, where it only slows learning
-    readout: str = 'rmsnorm'    # how h_k is turned into the LM head's input; see READOUTS above
-    alpha: Optional[float] = None  # readout='alpha' only: None learns alpha, a number in [0, 1] fixes it
-    recurrence: str = 'residual'  # what the next loop starts from; see RECURRENCES above
-    supervision: str = 'per_loop'  # which loops' cross-entropies enter the loss
-    norm_penalty: float = 0.0   # lambda in lambda * mean_k mean(h_k^2); the paper uses 0.01
-    init: str = 'paper'         # 'paper': the authors' PyTorch-default recipe; 'gpt2': nanoGPT's; see _init_weights
-    mlp: str = 'swiglu'         # SwiGLU (the paper) or GELU (GPT-2), both with hidden width 4d
-    tie_weights: Optional[bool] = None  # LM head shares the token embedding; None: tied for 'paper', untied for 'gpt2'
-    attention: str = 'sdpa'     # 'sdpa' (fused / flash kernels) or 'manual' (the same math, spelled out)
-    norm_eps: float = 1e-6      # epsilon of every RMSNorm, as in the authors' release
+    # ---- size (train.py's --config sets these; they are not variants of the model)
+    vocab_size: int = knob(65, 'vocabulary size: 65 = the characters of tiny Shakespeare (set from the data)')
+    block_size: int = knob(128, 'context length T; also the size of the learned position table')
+    n_embd: int = knob(128, 'width d of the residual stream')
+    n_head: int = knob(4, 'attention heads; must divide n_embd')
+    n_layer: int = knob(2, 'layers in the ONE shared stack (unique layers, not the unrolled depth)')
+    n_loop: int = knob(4, 'K: how many times the stack is applied (unrolled depth = n_layer * K)')
+    dropout: float = knob(0.0, 'the paper uses 0.1; 0 on tiny CPU runs, where it only slows learning')
+    # ---- the paper's variants
+    supervision: str = knob('per_loop', 'which loops get a cross-entropy: all K (dense), or the last',
+                            ('per_loop', 'terminal'))
+    readout: str = knob('rmsnorm', 'what the LM head sees of h_k (table at the top of looped.py)',
+                        ('rmsnorm', 'layernorm', 'raw', 'final_norm', 'alpha'))
+    alpha: Optional[float] = knob(None, "readout=alpha only: unset learns alpha, a number in [0, 1] fixes it "
+                                  "(1 = raw, 0 = scale-invariant)", tag='alpha', label=lambda v: f" {v:g}")
+    norm_penalty: float = knob(0.0, 'lambda in lambda * mean_k mean(h_k^2); the paper uses 0.01', tag='pen',
+                               label=lambda v: ' + penalty' if v == 0.01 else f" + penalty {v:g}")
+    recurrence: str = knob('residual', 'what the next loop starts from: h_k, or RMSNorm(h_k)', ('residual', 'normed'))
+    init: str = knob('paper', "'paper': the authors' PyTorch-default recipe; 'gpt2': nanoGPT's; see _init_weights",
+                     ('paper', 'gpt2'), label=lambda v: f" ({v} init)")
+    mlp: str = knob('swiglu', 'SwiGLU (the paper) or GELU (GPT-2), both with hidden width 4d', ('swiglu', 'gelu'))
+    # ---- the field's designs (Huginn, looped_nanochat, nanoLOOP build the loop these ways)
+    injection: str = knob('none', "what each pass starts from besides the carried state: nothing, h + e, or W [h; e] "
+                          "(W initialised to [I | 0]); e = the embedding after the prelude", ('none', 'add', 'concat'))
+    n_prelude: int = knob(0, 'unshared layers applied once, before the loop', tag='prelude',
+                          label=lambda v: f" + prelude{v}")
+    n_coda: int = knob(0, "unshared layers applied to each loop's state on its way to the readout", tag='coda',
+                       label=lambda v: f" + coda{v}")
+    block: str = knob('prenorm', "every layer: x + f(norm(x)), or sandwich: norm(x + f(norm(x))) for each sublayer",
+                      ('prenorm', 'sandwich'))
+    depth_sampling: str = knob('fixed', 'training only: every step trains K loops, or a loop count drawn from a '
+                               'Poisson log-normal of mean K (see sampled_depth)', ('fixed', 'poisson_lognormal'))
+    bptt: int = knob(0, 'backprop through the last bptt loops only (the carried state detached before them); 0: all',
+                     tag='bptt', label=lambda v: f" + bptt{v}")
+    # ---- implementation choices (the same model either way, or nearly)
+    tie_weights: Optional[bool] = knob(None, "LM head shares the token embedding; unset: tied for init=paper only")
+    attention: str = knob('sdpa', "'sdpa' (fused / flash kernels) or 'manual' (the same math, spelled out)",
+                          ('sdpa', 'manual'))
+    norm_eps: float = knob(1e-6, 'epsilon of every RMSNorm, as in the authors\' release')
 
     def __post_init__(self):
         if self.tie_weights is None:
             self.tie_weights = self.init == 'paper'
-        for name, allowed in [('readout', READOUTS), ('recurrence', RECURRENCES), ('supervision', SUPERVISIONS),
-                              ('init', INITS), ('mlp', MLPS), ('attention', ATTENTIONS)]:
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
+        for f in fields(self):
+            if f.metadata['choices'] and getattr(self, f.name) not in f.metadata['choices']:
+                raise ValueError(f"{f.name}={getattr(self, f.name)!r} is not one of {', '.join(f.metadata['choices'])}")
         for name in ['vocab_size', 'block_size', 'n_embd', 'n_head', 'n_layer', 'n_loop']:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
+        for name in ['n_prelude', 'n_coda', 'bptt']:
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be at least 0")
         if self.n_embd % self.n_head != 0:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
         if not 0.0 <= self.dropout < 1.0:
@@ -90,8 +112,22 @@ class LoopedConfig:
         if self.alpha is not None and self.readout != 'alpha':
             raise ValueError(f"alpha={self.alpha} is only used by readout='alpha', not {self.readout!r}")
 
+    @staticmethod
+    def choices(name):
+        return LoopedConfig.__dataclass_fields__[name].metadata['choices']
+
+    @staticmethod
+    def variants():
+        """The fields that make a condition (those with choices or a tag), in declaration order."""
+        return [f for f in fields(LoopedConfig) if f.metadata['choices'] or f.metadata['tag']]
+
     def to_dict(self):
         return asdict(self)
+
+
+# the allowed values of each variant, as the scripts import them (declared once, in the fields above)
+READOUTS, RECURRENCES, SUPERVISIONS = (LoopedConfig.choices(n) for n in ('readout', 'recurrence', 'supervision'))
+EXITS = ('confidence', 'kl', 'latent')  # early-exit rules at inference, see exit_passes
 
 
 class RMSNorm(nn.Module):
@@ -162,19 +198,24 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm layer: x + attn(norm(x)), then x + mlp(norm(x)). The residual stream itself is never
-    normalized, which is why its scale can grow from loop to loop."""
+    """One layer. Pre-norm (block='prenorm'): x + attn(norm(x)), then x + mlp(norm(x)); the residual stream itself
+    is never normalized, which is why its scale can grow from loop to loop. Sandwich (block='sandwich', Huginn's
+    and looped_nanochat's layer): each sublayer's sum is normalized too, norm(x + attn(norm(x))), so every layer
+    hands on a state of RMS equal to its last norm's gain, whatever scale it was given."""
 
     def __init__(self, config):
         super().__init__()
+        sandwich = config.block == 'sandwich'
         self.norm_1 = RMSNorm(config.n_embd, config.norm_eps)
         self.attn = CausalSelfAttention(config)
+        self.post_attn = RMSNorm(config.n_embd, config.norm_eps) if sandwich else nn.Identity()
         self.norm_2 = RMSNorm(config.n_embd, config.norm_eps)
         self.mlp = MLP(config)
+        self.post_mlp = RMSNorm(config.n_embd, config.norm_eps) if sandwich else nn.Identity()
 
     def forward(self, x):
-        x = x + self.attn(self.norm_1(x))
-        x = x + self.mlp(self.norm_2(x))
+        x = self.post_attn(x + self.attn(self.norm_1(x)))
+        x = self.post_mlp(x + self.mlp(self.norm_2(x)))
         return x
 
 
@@ -239,6 +280,11 @@ class LoopedGPT(nn.Module):
         self.wpe = nn.Embedding(config.block_size, config.n_embd)
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList([Block(config) for _ in range(config.n_layer)])  # the ONE shared stack
+        # unshared layers around the loop (empty by default): the prelude runs once, the coda on every readout
+        self.prelude = nn.ModuleList([Block(config) for _ in range(config.n_prelude)])
+        self.coda = nn.ModuleList([Block(config) for _ in range(config.n_coda)])
+        # input injection W [h; e]: a Linear(2d -> d) on the carried state and the embedding, see pass_input
+        self.adapter = nn.Linear(2 * config.n_embd, config.n_embd, bias=False) if config.injection == 'concat' else None
         # inter-loop normalization: what pass k produced is normalized before pass k + 1 starts from it
         self.inter_norm = RMSNorm(config.n_embd, config.norm_eps) if config.recurrence == 'normed' else None
         self.readout = Readout(config)
@@ -255,14 +301,21 @@ class LoopedGPT(nn.Module):
         # 'gpt2' is nanoGPT's: N(0, 0.02) everywhere, residual output projections scaled down by
         #   sqrt(2 * unrolled depth) so the sum of all residual writes starts small; the head is untied.
         #   With it the blind spot takes far longer to show (README: "Where this differs from the paper").
-        if self.config.init == 'paper':
-            return  # the constructors above already applied PyTorch's defaults
-        depth = self.config.n_layer * self.config.n_loop
-        for name, p in self.named_parameters():
-            if p.dim() < 2:
-                continue  # norm gains stay at 1, the alpha readout's scalars at their own start
-            std = 0.02 / math.sqrt(2 * depth) if name.endswith('c_proj.weight') else 0.02
-            nn.init.normal_(p, mean=0.0, std=std)
+        # Under both, the injection adapter W starts as [I | 0], so that W [h; e] = h: at step 0 'concat' computes
+        #   exactly what 'none' does (nanoLOOP's and looped_nanochat's identity start), and training learns how much
+        #   of e to let in.
+        if self.config.init == 'gpt2':  # under 'paper' the constructors above already applied PyTorch's defaults
+            depth = self.config.n_layer * self.config.n_loop
+            for name, p in self.named_parameters():
+                if p.dim() < 2:
+                    continue  # norm gains stay at 1, the alpha readout's scalars at their own start
+                std = 0.02 / math.sqrt(2 * depth) if name.endswith('c_proj.weight') else 0.02
+                nn.init.normal_(p, mean=0.0, std=std)
+        if self.adapter is not None:
+            with torch.no_grad():
+                d = self.config.n_embd
+                self.adapter.weight.zero_()
+                self.adapter.weight[:, :d].copy_(torch.eye(d))
 
     @classmethod
     def from_checkpoint(cls, path, device='cpu'):
@@ -286,9 +339,12 @@ class LoopedGPT(nn.Module):
     # ---- the forward pass, in the order it runs: embed, loops (loop_step, inter-loop norm), readout, loss ----
 
     def embed(self, idx):
-        """h_0: token plus learned position embedding, (B, T) -> (B, T, C)."""
+        """h_0 = e: token plus learned position embedding, through the prelude if there is one, (B, T) -> (B, T, C)."""
         pos = torch.arange(idx.size(1), device=idx.device)
-        return self.drop(self.wte(idx) + self.wpe(pos))
+        h = self.drop(self.wte(idx) + self.wpe(pos))
+        for block in self.prelude:
+            h = block(h)
+        return h
 
     def loop_step(self, h):
         """One pass through the shared stack, (B, T, C) -> (B, T, C)."""
@@ -296,24 +352,56 @@ class LoopedGPT(nn.Module):
             h = block(h)
         return h
 
+    def pass_input(self, h, e, k, n_loop):
+        """What pass k of n_loop runs on, from the carried state h (h_{k-1}, or its inter-loop norm) and the
+        embedding e = h_0 (B, T, C) -> (B, T, C). The designs that change it (all off by default, which returns h):
+          bptt = b     the carried state is detached before pass n_loop - b + 1: backprop through the last b passes
+                       only (each earlier pass still gets its own readout's gradient under per-loop supervision)
+          injection    'add': h + e (so pass 1 runs on 2e); 'concat': W [h; e], W = [I | 0] at initialization"""
+        b = self.config.bptt
+        if b and k == n_loop - b + 1 and k > 1:
+            h = h.detach()
+        if self.config.injection == 'add':
+            return h + e
+        if self.config.injection == 'concat':
+            return self.adapter(torch.cat([h, e], dim=-1))            # (B, T, 2C) -> (B, T, C)
+        return h
+
     def loops(self, h, n_loop, intervene=None):
-        """The recurrence, the one place it is written: yields (k, h_k) for k = 1..n_loop, starting from h = h_0.
+        """The recurrence, the one place it is written: yields (k, h_k) for k = 1..n_loop, starting from h = h_0 = e.
         h_k is pass k's output before any inter-loop norm: what is read out, penalized and logged. With 'normed'
         recurrence pass k + 1 starts from RMSNorm(h_k) (so there is no norm before pass 1, and after the last
-        pass it changes nothing); with 'residual' it starts from h_k itself, scale and all. intervene(k, h_in,
-        h_k) -> h_k, if given, may change each pass's output before it is used (diagnose.py's radial clamps)."""
+        pass it changes nothing); with 'residual' it starts from h_k itself, scale and all. Each pass runs on
+        pass_input (the injection and truncation designs). intervene(k, h_in, h_k) -> h_k, if given, may change
+        each pass's output before it is used (diagnose.py's radial clamps); to drop rows from the batch (the
+        exit benchmark) it returns (h_k, keep) with keep a bool mask of the rows kept, and e follows them."""
+        e = h
         for k in range(1, n_loop + 1):
             h_in = h
-            h = self.loop_step(h_in)                                  # (B, T, C)
+            h = self.loop_step(self.pass_input(h_in, e, k, n_loop))  # (B, T, C)
             if intervene is not None:
                 h = intervene(k, h_in, h)
+                if isinstance(h, tuple):
+                    h, keep = h
+                    e = e[keep]
             yield k, h
             if self.inter_norm is not None:
                 h = self.inter_norm(h)
 
+    def head_input(self, h, k):
+        """What the LM head reads of h_k (B, T, C) at loop k: the coda's layers (if any), then the readout."""
+        for block in self.coda:
+            h = block(h)                                              # (B, T, C): the coda attends over the sequence
+        return self.readout(h, k)
+
     def readout_logits(self, h, k):
-        """Loop k's prediction from h_k: (..., C) -> (..., V)."""
-        return self.lm_head(self.readout(h, k))
+        """Loop k's prediction from h_k: (B, T, C) -> (B, T, V); without a coda any (..., C) works."""
+        return self.lm_head(self.head_input(h, k))
+
+    def next_logits(self, h, k):
+        """Loop k's prediction of the token after the last position, (B, T, C) -> (B, V). The coda (if any) runs
+        on the whole sequence, since its attention needs it; without one only the last position is read out."""
+        return self.readout_logits(h if self.coda else h[:, -1:, :], k)[:, -1, :]
 
     def head_loss(self, x, targets):
         """The LM head and its cross-entropy on x = readout(h_k) (B, T, C) against targets (B, T): (logits
@@ -325,7 +413,7 @@ class LoopedGPT(nn.Module):
 
     def readout_loss(self, h, targets, k):
         """Cross-entropy of loop k's readout of h (B, T, C) against targets (B, T); a scalar."""
-        return self.head_loss(self.readout(h, k), targets)[1]
+        return self.head_loss(self.head_input(h, k), targets)[1]
 
     def supervision_loss(self, ces):
         """The training loss from the per-loop cross-entropies ces[k-1], k = 1..K (scalars): their mean under
@@ -362,7 +450,7 @@ class LoopedGPT(nn.Module):
             # keep no activations for the backward pass.
             supervised = self.config.supervision == 'per_loop' or k == K
             if k == K:  # always supervised; its logits are also returned
-                logits, ce = self.head_loss(self.readout(h, k), targets)  # logits: (B, T, V)
+                logits, ce = self.head_loss(self.head_input(h, k), targets)  # logits: (B, T, V)
             elif supervised and torch.is_grad_enabled():
                 # Per-loop readouts before the last are checkpointed: backward recomputes their (B, T, V) logits
                 # instead of keeping K copies alive, so per-loop supervision costs about the memory of terminal.
@@ -374,7 +462,7 @@ class LoopedGPT(nn.Module):
 
         stats = {'hidden_norm': torch.stack(norms), 'ce': torch.stack([c.detach() for c in ces]) if ces else None}
         if targets is None:
-            return self.readout_logits(h[:, [-1], :], K), None, stats  # (B, 1, V): only the next token is needed
+            return self.next_logits(h, K)[:, None, :], None, stats  # (B, 1, V): only the next token is needed
         loss = self.supervision_loss(ces)
         if self.config.norm_penalty > 0:
             loss = loss + self.norm_penalty(states)
@@ -391,15 +479,20 @@ class LoopedGPT(nn.Module):
 
     def flops_per_token(self, n_loop=None):
         """Training FLOPs per token (forward + backward = 6 per parameter per token, as in the PaLM paper):
-        the shared stack counts once per loop, the LM head once per readout that has a loss, and attention's
-        score and value matmuls (12 * layers * d * T, nanoGPT's convention) once per loop."""
+        the shared stack (and the injection adapter) counts once per loop, the prelude once, the coda and the LM
+        head once per readout that has a loss, and attention's score and value matmuls (12 * layers * d * T,
+        nanoGPT's convention) once per layer run."""
         c = self.config
         K = n_loop or c.n_loop
-        n_stack = sum(p.numel() for p in self.blocks.parameters())
+        count = lambda modules: sum(p.numel() for m in modules for p in m.parameters())
+        n_loop_p = count(self.blocks) + (self.adapter.weight.numel() if self.adapter is not None else 0)
+        n_pre, n_coda = count(self.prelude), count(self.coda)
         n_embed = self.wte.weight.numel() + self.wpe.weight.numel() + (0 if c.tie_weights else self.lm_head.weight.numel())
-        n_other = self.num_params() - n_stack - n_embed               # readout and inter-loop norm parameters
+        n_other = self.num_params() - n_loop_p - n_pre - n_coda - n_embed  # readout and inter-loop norm parameters
         readouts = K if c.supervision == 'per_loop' else 1
-        return 6 * (K * n_stack + n_other) + 6 * readouts * c.vocab_size * c.n_embd + 12 * K * c.n_layer * c.n_embd * c.block_size
+        layers = K * c.n_layer + c.n_prelude + readouts * c.n_coda
+        return (6 * (K * n_loop_p + n_pre + readouts * n_coda + n_other) + 6 * readouts * c.vocab_size * c.n_embd
+                + 12 * layers * c.n_embd * c.block_size)
 
     def configure_optimizers(self, weight_decay, learning_rate, device_type):
         # 'paper': the authors decay every parameter (embeddings and norm gains too); 'gpt2': nanoGPT decays
@@ -422,12 +515,13 @@ class LoopedGPT(nn.Module):
         loops_used = []
         for _ in range(max_new_tokens):
             idx_cond = idx[:, -self.config.block_size:]               # crop to the context the model knows
-            logp_prev = None
+            logp_prev = h_prev = None
             for k, h in self.loops(self.embed(idx_cond), K):
-                logp = F.log_softmax(self.readout_logits(h[:, -1, :], k).float(), dim=-1)  # (B, V): next token only
-                if exit_rule is not None and exit_passes(exit_rule, exit_threshold, logp, logp_prev).all():
+                logp = F.log_softmax(self.next_logits(h, k).float(), dim=-1)  # (B, V): next token only
+                h_last = h[:, -1, :]                                  # (B, C): the state the latent rule watches
+                if exit_rule is not None and exit_passes(exit_rule, exit_threshold, logp, logp_prev, h_last, h_prev).all():
                     break
-                logp_prev = logp
+                logp_prev, h_prev = logp, h_last
             loops_used.append(k)
             logits = logp / max(temperature, 1e-8)                    # log-probabilities are logits up to a shift
             if top_k is not None:
@@ -438,15 +532,40 @@ class LoopedGPT(nn.Module):
         return idx, loops_used
 
 
-def exit_passes(rule, threshold, logp, logp_prev):
-    """Early-exit rule on one loop's log-probabilities (..., V): 'confidence' passes when the top probability
-    reaches the threshold; 'kl' when KL(p_k || p_{k-1}) falls to the threshold or below (so never at loop 1:
-    there is nothing to compare with). Returns a bool tensor of shape (...)."""
+def exit_passes(rule, threshold, logp, logp_prev, h=None, h_prev=None):
+    """Early-exit rule on one loop's log-probabilities (..., V), or for 'latent' on its hidden state (..., C):
+    'confidence' passes when the top probability reaches the threshold; 'kl' when KL(p_k || p_{k-1}) falls to
+    the threshold or below; 'latent' when the state's relative change ||h_k - h_{k-1}|| / ||h_{k-1}|| does
+    (Huginn's and looped_nanochat's training-free rule). The last two never pass at loop 1 (logp_prev or h_prev
+    is None: there is nothing to compare with). Returns a bool tensor of shape (...)."""
     if rule == 'confidence':
         return logp.max(dim=-1).values.exp() >= threshold
-    if logp_prev is None:
+    if (logp_prev if rule == 'kl' else h_prev) is None:
         return torch.zeros(logp.shape[:-1], dtype=torch.bool, device=logp.device)
+    if rule == 'latent':
+        return latent_change(h, h_prev) <= threshold
     return (logp.exp() * (logp - logp_prev)).sum(dim=-1) <= threshold
+
+
+def latent_change(h, h_prev):
+    """||h - h_prev|| / ||h_prev|| over the last dimension, in float32: (..., C) -> (...)."""
+    h, h_prev = h.float(), h_prev.float()
+    return (h - h_prev).norm(dim=-1) / h_prev.norm(dim=-1).clamp_min(1e-12)
+
+
+def sampled_depth(config, seed, step):
+    """The loop count that training step `step` trains at: K, or under depth_sampling='poisson_lognormal'
+    looped_nanochat's draw tau ~ N(ln(K - 1) - sigma^2 / 2, sigma), r = Poisson(e^tau) + 1 with sigma = 0.5,
+    clamped to [1, 2K]. E[e^tau] = K - 1, so r has mean K before the clamp (looped_nanochat centres e^tau on
+    its mean itself, which puts r one loop higher); the clamp at 2K trims the long tail a little. The draw
+    depends on (seed, step) alone: every process draws the same r, and a resumed run the same sequence."""
+    K = config.n_loop
+    if config.depth_sampling == 'fixed' or K == 1:
+        return K
+    rng = np.random.default_rng([seed, step])
+    sigma = 0.5
+    tau = rng.normal(math.log(K - 1) - sigma ** 2 / 2, sigma)
+    return int(min(max(rng.poisson(math.exp(tau)) + 1, 1), 2 * K))
 
 
 # ---- running it: checkpoints and devices, shared by every script ----
@@ -531,45 +650,3 @@ def resolve_device(device='auto', dtype='auto', compile='auto'):
     # bf16 autocast: weights and the residual stream stay fp32, matmuls run in bf16
     ctx = torch.autocast(device_type, dtype=torch.bfloat16) if dtype == 'bfloat16' else nullcontext()
     return Runtime(device, device_type, dtype, device_type == 'cuda' if compile == 'auto' else bool(compile), ctx)
-
-
-def setup_distributed(rt):
-    """Under torchrun (RANK is set): join the process group, NCCL with one GPU per process or gloo on CPUs.
-    Returns (rank, world size); (0, 1) for a plain run."""
-    if 'RANK' not in os.environ:
-        return 0, 1
-    if not dist.is_initialized():
-        dist.init_process_group(backend='nccl' if rt.device_type == 'cuda' else 'gloo')
-    if rt.device_type == 'cuda':
-        rt.device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
-        torch.cuda.set_device(rt.device)
-    return dist.get_rank(), dist.get_world_size()
-
-
-def end_distributed(ok):
-    """Leave the process group, if any: after a barrier when the run ended well, so that no process tears the
-    group down while another still uses it."""
-    if not dist.is_initialized():
-        return
-    if ok:
-        dist.barrier()
-    dist.destroy_process_group()
-    # gloo's threads let go of the last collectives' tensors a moment after they complete, and need the GIL for
-    # it; a process that exits first aborts in Python's shutdown (SIGABRT in 3 of 39 two-process runs on CPU,
-    # torch 2.13; none in 100 with this sleep, which hands them the GIL)
-    time.sleep(0.05)
-
-
-def check_replicas(raw_model, world, say):
-    """The point of DDP: every process ends with the same weights; compared here tensor by tensor with rank 0's."""
-    if world == 1:
-        return
-    differ = 0
-    for p in raw_model.parameters():
-        theirs = p.detach().clone()
-        dist.broadcast(theirs, src=0)
-        differ += int(not torch.equal(theirs, p.detach()))
-    differ = torch.tensor([differ])
-    dist.all_reduce(differ)
-    say(f"weights identical on all {world} processes: {differ.item() == 0} "
-        f"({len(list(raw_model.parameters()))} tensors compared with rank 0's)")

@@ -32,7 +32,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import diagnose
 from configs import CONFIGS
 from data.common import check_writable, write_atomically
-from grid import CONDITIONS, LogError, group_runs, load_runs, run_grid, slug
+from grid import GRIDS, LogError, grid_of, group_runs, load_runs, run_grid, slug
 from stats import LEVEL, REFERENCE, pair_up, paired_diffs, paired_rows, paired_stats, progress
 
 # Okabe-Ito colours (colour-blind safe; its yellow swapped for a darker wine, which reads on white) with
@@ -329,9 +329,13 @@ def get_parser():
     p.add_argument('--run', action='store_true', help='train the grid of conditions first (reusing finished runs)')
     p.add_argument('--config', default='laptop', choices=list(CONFIGS), help='train.py configuration for --run')
     p.add_argument('--seeds', type=int, default=1, help='seeds per condition for --run (seeds 1..N)')
+    p.add_argument('--grid', default=None, choices=list(GRIDS),
+                   help="--run: which named grid of conditions to train (default: claim4 for laptop_long, readouts for "
+                        "laptop_deep, else paper, the paper's ten); atlas: the field's looped designs, each under "
+                        "rmsnorm and raw")
     p.add_argument('--conditions', default=None,
-                   help='--run: comma-separated conditions to train (default: the configuration\'s grid), by folder '
-                        'name: ' + ', '.join(map(slug, CONDITIONS)))
+                   help='--run: comma-separated conditions of the grid to train (default: all of them), by folder '
+                        'name, e.g. ' + ', '.join(map(slug, GRIDS['paper'])))
     p.add_argument('--out_root', default='out/grid', help='where --run puts its run folders')
     p.add_argument('--fig_dir', default=None, help='where figures and tables go (default: out/figures/<config> with '
                                                    '--run, else out/figures; the committed figures/ change only when '
@@ -365,10 +369,10 @@ def check_flags(p, args):
         p.error(f"--fig_dir: {e}")
     names = None
     if args.conditions is not None:
-        by_slug = {slug(n): n for n in CONDITIONS}
+        by_slug = {slug(n): n for n in grid_of(args.config, args.grid)}
         unknown = [c for c in args.conditions.split(',') if c not in by_slug]
         if unknown:
-            p.error(f"--conditions: unknown {', '.join(unknown)}; choose from {', '.join(by_slug)}")
+            p.error(f"--conditions: {', '.join(unknown)} not in the grid; choose from {', '.join(by_slug)}")
         names = [by_slug[c] for c in args.conditions.split(',')]
     return train_args, names, fig_dir
 
@@ -414,7 +418,7 @@ def main(argv=None):
     p = get_parser()
     args = p.parse_args(argv)
     train_args, names, fig_dir = check_flags(p, args)
-    folders = run_grid(args.config, range(1, args.seeds + 1), args.out_root, train_args, names) if args.run else []
+    folders = run_grid(args.config, range(1, args.seeds + 1), args.out_root, train_args, names, args.grid) if args.run else []
     runs = read_runs(args, folders)
     groups = group_runs(runs)
     reference = pick_reference(p, args, runs)

@@ -30,6 +30,7 @@ import signal
 import sys
 import tempfile
 import time
+from dataclasses import fields
 
 import torch
 
@@ -242,10 +243,10 @@ class Interrupts:
         return bool(self.received)
 
 
-# the flags that describe the model: on --resume they come from the checkpoint, and one given with another value
-# is an error (a resumed run cannot change its model)
-MODEL_FLAGS = ('block_size', 'n_embd', 'n_head', 'n_layer', 'n_loop', 'dropout', 'readout', 'alpha', 'recurrence',
-               'supervision', 'norm_penalty', 'init', 'mlp', 'tie_weights')
+# the flags that describe the model, one per LoopedConfig field but the vocabulary (which comes from the data): on
+# --resume they come from the checkpoint, and one given with another value is an error (a resumed run cannot
+# change its model)
+MODEL_FLAGS = tuple(f.name for f in fields(LoopedConfig) if f.name != 'vocab_size')
 
 
 def resumed_config(ckpt, args, given):

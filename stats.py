@@ -9,7 +9,7 @@ difference gets its standard error and a 95% t interval with n-1 degrees of free
 
 Here too: the paired table's rows and paired.csv's (paired_rows), since every cell is one of these numbers or
 words. Not here: reading logs (grid.load_run builds the runs these functions take), writing the files and
-drawing the gaps (plot_norms.paired_table, plot_norms.plot_crossover). Only numpy: no scipy, no torch.
+drawing the gaps (plot_norms.paired_table, plot_norms.plot_crossover). Only numpy (and looped.py's config, for which fields make a condition): no scipy.
 """
 
 import json
@@ -17,10 +17,12 @@ import math
 
 import numpy as np
 
+from looped import LoopedConfig
+
 REFERENCE = 'per_loop + rmsnorm'  # the scale-invariant readout that claim 4's variants are measured against
 LEVEL = 0.95
 # the flags that make a condition; two runs that agree on everything else and share a seed are a pair
-CONDITION_KEYS = ('supervision', 'readout', 'alpha', 'norm_penalty', 'recurrence', 'init')
+CONDITION_KEYS = tuple(f.name for f in LoopedConfig.variants())
 
 
 def t_cdf(x, df):

@@ -24,6 +24,7 @@ import math
 import os
 import sys
 import time
+from dataclasses import fields
 
 import numpy as np
 import torch
@@ -34,8 +35,7 @@ import runs
 from configs import CONFIGS
 from data import DATASETS, find_dataset
 from data.common import check_same_data, read_dataset
-from looped import (LoopedConfig, LoopedGPT, READOUTS, RECURRENCES, SUPERVISIONS, INITS, MLPS, check_replicas,
-                    end_distributed, fmt_mfu, peak_flops, resolve_device, setup_distributed)
+from looped import LoopedConfig, LoopedGPT, fmt_mfu, peak_flops, resolve_device, sampled_depth
 
 
 def str2bool(s):
@@ -51,23 +51,12 @@ def get_parser():
     # a one-line error instead of argparse's usage block, which is longer than the screen here
     p.error = lambda msg: sys.exit(f"train.py: error: {msg}")
     p.add_argument('--config', default='laptop', choices=CONFIGS, help='named configuration; flags override it')
-    # the model (LoopedConfig in looped.py says what each one means)
-    p.add_argument('--readout', default='rmsnorm', choices=READOUTS, help='what the LM head sees of h_k')
-    p.add_argument('--alpha', type=float, default=None,
-                   help='--readout=alpha: fix alpha in [0, 1] (1 = raw, 0 = scale-invariant); default: learned')
-    p.add_argument('--recurrence', default='residual', choices=RECURRENCES,
-                   help='normed: each pass starts from the RMSNorm of the previous pass output')
-    p.add_argument('--supervision', default='per_loop', choices=SUPERVISIONS, help='which loops get a loss')
-    p.add_argument('--norm_penalty', type=float, default=0.0, help='lambda of lambda * mean_k mean(h_k^2)')
-    p.add_argument('--init', default='paper', choices=INITS, help="paper: PyTorch defaults, tied N(0,1) embedding; gpt2: N(0,0.02)")
-    p.add_argument('--mlp', default='swiglu', choices=MLPS, help='MLP of every layer')
-    p.add_argument('--tie_weights', type=str2bool, default=None, help='default: tied for init=paper only')
-    p.add_argument('--n_loop', type=int, help='K, loops of the shared stack')
-    p.add_argument('--n_layer', type=int, help='layers in the shared stack')
-    p.add_argument('--n_embd', type=int, help='width d')
-    p.add_argument('--n_head', type=int, help='attention heads')
-    p.add_argument('--block_size', type=int, help='context length')
-    p.add_argument('--dropout', type=float, help='dropout rate (the paper: 0.1)')
+    # the model: one flag per LoopedConfig field (looped.py declares each one, its choices and its help)
+    for f in fields(LoopedConfig):
+        if f.name != 'vocab_size':  # set from the dataset
+            kind = str2bool if 'bool' in str(f.type) else float if 'float' in str(f.type) else f.type
+            p.add_argument(f'--{f.name}', type=kind, default=f.default, choices=f.metadata['choices'],
+                           help=f.metadata['help'])
     # optimization: AdamW, constant learning rate, as in the paper
     p.add_argument('--batch_size', type=int, help='sequences per micro-step (per process)')
     p.add_argument('--grad_accum', type=int, default=None,
@@ -131,10 +120,9 @@ def parse_args(argv=None):
         if not ok:
             parser.error(f"--{name}={getattr(args, name)} must be {want}")
     if args.out_dir is None:  # named by the variant flags that differ from their defaults: out/laptop-raw-pen0.01
-        parts = [args.config] + [getattr(args, f) for f in ('supervision', 'readout', 'recurrence', 'init', 'mlp')
-                                 if getattr(args, f) != parser.get_default(f)]
-        parts += [f"alpha{args.alpha:g}"] if args.alpha is not None else []
-        parts += [f"pen{args.norm_penalty:g}"] if args.norm_penalty else []
+        parts = [args.config] + [f"{f.metadata['tag'] or ''}{getattr(args, f.name):g}" if f.metadata['tag']
+                                 else getattr(args, f.name) for f in LoopedConfig.variants()
+                                 if getattr(args, f.name) != f.default]
         args.out_dir = os.path.join('out', '-'.join(parts))
     return args
 
@@ -208,6 +196,50 @@ def evaluate(model, batches, n_loop, ctx):
     return (ce / n).tolist(), (norm / n).tolist()
 
 
+# ---- several processes (torchrun): the process group, and the check that it did its job
+
+def setup_distributed(rt):
+    """Under torchrun (RANK is set): join the process group, NCCL with one GPU per process or gloo on CPUs.
+    Returns (rank, world size); (0, 1) for a plain run."""
+    if 'RANK' not in os.environ:
+        return 0, 1
+    if not dist.is_initialized():
+        dist.init_process_group(backend='nccl' if rt.device_type == 'cuda' else 'gloo')
+    if rt.device_type == 'cuda':
+        rt.device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
+        torch.cuda.set_device(rt.device)
+    return dist.get_rank(), dist.get_world_size()
+
+
+def end_distributed(ok):
+    """Leave the process group, if any: after a barrier when the run ended well, so that no process tears the
+    group down while another still uses it."""
+    if not dist.is_initialized():
+        return
+    if ok:
+        dist.barrier()
+    dist.destroy_process_group()
+    # gloo's threads let go of the last collectives' tensors a moment after they complete, and need the GIL for
+    # it; a process that exits first aborts in Python's shutdown (SIGABRT in 3 of 39 two-process runs on CPU,
+    # torch 2.13; none in 100 with this sleep, which hands them the GIL)
+    time.sleep(0.05)
+
+
+def check_replicas(raw_model, world, say):
+    """The point of DDP: every process ends with the same weights; compared here tensor by tensor with rank 0's."""
+    if world == 1:
+        return
+    differ = 0
+    for p in raw_model.parameters():
+        theirs = p.detach().clone()
+        dist.broadcast(theirs, src=0)
+        differ += int(not torch.equal(theirs, p.detach()))
+    differ = torch.tensor([differ])
+    dist.all_reduce(differ)
+    say(f"weights identical on all {world} processes: {differ.item() == 0} "
+        f"({len(list(raw_model.parameters()))} tensors compared with rank 0's)")
+
+
 def setup(args, given):
     """Everything checked before out_dir is touched, so that bad input never harms an earlier run: the device and
     processes, the batch split, the checkpoint to resume (whose model wins over --config), the data."""
@@ -273,7 +305,11 @@ def main(argv=None):
     model, raw_model, optimizer, state = build(args, config, rt, rank, world, ckpt, data, say)
     say(f"{args.out_dir}: {raw_model.num_params():,} parameters, {config.n_layer} layers x {config.n_loop} loops, "
         f"readout={config.readout}, recurrence={config.recurrence}, supervision={config.supervision}, "
-        f"norm_penalty={config.norm_penalty:g}, init={config.init}; global batch {global_batch} = {args.batch_size} "
+        f"norm_penalty={config.norm_penalty:g}, init={config.init}"
+        + ''.join(f", {f.name}={getattr(config, f.name)}" for f in LoopedConfig.variants()  # any design switched on
+                  if f.name not in ('readout', 'recurrence', 'supervision', 'norm_penalty', 'init')
+                  and getattr(config, f.name) != f.default)
+        + f"; global batch {global_batch} = {args.batch_size} "
         f"x {micro_steps} micro-steps x {world} processes, {global_batch * config.block_size:,} tokens/step, "
         f"{raw_model.flops_per_token() / 1e6:.1f} MFLOPs/token")
     if world > 1:  # every process has checked out_dir and read its checkpoint before rank 0 writes there
@@ -316,16 +352,16 @@ def eval_line(record, K):
             + f" | 2K {val_norm[-1]:.1f}" + (f" | alpha {record['alpha']:.3f}" if 'alpha' in record else ''))
 
 
-def optimizer_step(model, optimizer, data, args, micro_steps, world, ctx):
-    """One optimizer step: micro_steps forward/backward passes, clip, AdamW. Returns the mean loss over the
-    micro-steps (a float) and the last micro-step's stats."""
+def optimizer_step(model, optimizer, data, args, micro_steps, world, ctx, n_loop):
+    """One optimizer step at n_loop loops: micro_steps forward/backward passes, clip, AdamW. Returns the mean loss
+    over the micro-steps (a float) and the last micro-step's stats."""
     lossf = 0.0
     for micro in range(micro_steps):
         x, y = data.train_batch()
         if world > 1:  # all-reduce the gradients only after the last micro-step, not after each
             model.require_backward_grad_sync = micro == micro_steps - 1
         with ctx:
-            _, loss, stats = model(x, y)
+            _, loss, stats = model(x, y, n_loop=n_loop)
         (loss / micro_steps).backward()
         lossf += loss.item() / micro_steps  # one sync per step buys an exact step number on divergence
     if args.grad_clip > 0:
@@ -335,9 +371,11 @@ def optimizer_step(model, optimizer, data, args, micro_steps, world, ctx):
     return lossf, stats
 
 
-def progress_line(step, max_iters, train_ces, stats, dt, tokens_per_step, flops_per_token, peak, eta):
-    """The progress line: mean training loss since the last one, ||h_K|| now, speed, MFU and time left."""
-    return (f"step {step}/{max_iters} | loss {torch.stack(train_ces).mean().item():.4f} | ||h_K|| "
+def progress_line(step, max_iters, train_ces, stats, dt, tokens_per_step, flops_per_token, peak, eta, r=None):
+    """The progress line: mean training loss since the last one, ||h_K|| now (h_r under sampled depth, with r),
+    speed, MFU and time left."""
+    return (f"step {step}/{max_iters} | loss {torch.stack(train_ces).mean().item():.4f} | "
+            + (f"r {r} | ||h_r|| " if r is not None else "||h_K|| ") +
             f"{stats['hidden_norm'][-1].item():.1f} | {dt * 1000:.0f} ms/step | {tokens_per_step / dt:,.0f} tok/s | "
             f"MFU {fmt_mfu(tokens_per_step / dt, flops_per_token, peak)} | ETA {runs.fmt_time(eta)}")
 
@@ -365,7 +403,8 @@ def train(args, model, raw_model, optimizer, data, run, rt, world, micro_steps, 
             say(eval_line(last_record, K))
         if step >= args.max_iters:
             break
-        lossf, stats = optimizer_step(model, optimizer, data, args, micro_steps, world, ctx)
+        r = sampled_depth(raw_model.config, args.seed, step)  # K, unless the depth is sampled
+        lossf, stats = optimizer_step(model, optimizer, data, args, micro_steps, world, ctx, r)
         step += 1
 
         # ---- agree across processes, stop on divergence, print progress, honour Ctrl-C
@@ -380,7 +419,8 @@ def train(args, model, raw_model, optimizer, data, run, rt, world, micro_steps, 
         if step % args.log_interval == 0 or step == args.max_iters:
             dt = (time.time() - t_last) / len(train_ces)
             eta = (time.time() - t_start) / (step - step_start) * (args.max_iters - step)
-            say(progress_line(step, args.max_iters, train_ces, stats, dt, tokens_per_step, flops_per_token, peak, eta))
+            say(progress_line(step, args.max_iters, train_ces, stats, dt, tokens_per_step, flops_per_token, peak, eta,
+                              None if raw_model.config.depth_sampling == 'fixed' else r))
             t_last, train_ces = time.time(), []
         if stop:
             save()
