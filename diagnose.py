@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from data import find_dataset
 from data.common import check_same_data, check_writable, read_dataset, write_atomically
-from looped import EXITS, LoopedGPT, resolve_device, synchronize
+from looped import EXITS, LoopedGPT, condition_name, latent_change, resolve_device, synchronize
 
 SCALES = (0.1, 0.5, 1.0, 2.0, 10.0)
 CLAMPS = ('none', 'freeze', 'remove_radial')  # see clamp(): ways to take the radial part out of each loop
@@ -83,43 +83,51 @@ def passes(model, x, n_loop, intervene=None):
 
 @torch.no_grad()
 def per_token_depth_stats(model, x, y, n_loop, batch_size=32):
-    """For every target token and loop k = 1..n_loop: cross-entropy, top probability, and KL(p_k || p_{k-1})
-    (inf at k = 1). Three arrays of shape (tokens, n_loop)."""
-    ce, pmax, kl = [], [], []
+    """For every target token and loop k = 1..n_loop: cross-entropy, top probability, KL(p_k || p_{k-1}) (inf at
+    k = 1), and the relative change of the state ||h_k - h_{k-1}|| / ||h_{k-1}|| (at k = 1 from h_0, the
+    embedding). Four arrays of shape (tokens, n_loop)."""
+    ce, pmax, kl, latent = [], [], [], []
     for i in range(0, len(x), batch_size):  # in batches: all windows at once would hold (N, T, V) log-probs
         xb, yb = x[i:i + batch_size], y[i:i + batch_size]
-        prev, rows = None, ([], [], [])
-        for k, h in model.loops(model.embed(xb), n_loop):
+        h_prev = model.embed(xb)
+        prev, rows = None, ([], [], [], [])
+        for k, h in model.loops(h_prev, n_loop):
             logp = readout_logp(model, h, k)                              # (B, T, V)
             rows[0].append(-logp.gather(-1, yb.unsqueeze(-1)).squeeze(-1))
             rows[1].append(logp.max(-1).values.exp())
             rows[2].append(torch.full_like(rows[0][-1], math.inf) if prev is None else (logp.exp() * (logp - prev)).sum(-1))
-            prev = logp
-        for out, row in zip((ce, pmax, kl), rows):
+            rows[3].append(latent_change(h, h_prev))
+            prev, h_prev = logp, h
+        for out, row in zip((ce, pmax, kl, latent), rows):
             out.append(torch.stack(row, dim=-1).reshape(-1, n_loop))        # (B*T, n_loop)
-    return [torch.cat(a).numpy() for a in (ce, pmax, kl)]
+    return [torch.cat(a).numpy() for a in (ce, pmax, kl, latent)]
 
 
-def exit_depths(rule, threshold, pmax, kl, K):
+def exit_depths(rule, threshold, pmax, kl, K, latent=None):
     """The loop (1..K) at which each token exits under a rule (looped.exit_passes, on precomputed signals):
     the first loop whose top probability reaches the threshold ('confidence'), or whose KL to the previous
-    loop falls to it ('kl'); K where the rule never passes. pmax, kl: (tokens, >= K). Returns (tokens,) ints."""
+    loop ('kl') or relative change of the state ('latent') falls to it; K where the rule never passes.
+    pmax, kl, latent: (tokens, >= K). Returns (tokens,) ints."""
+    if rule == 'latent':  # it passes, as the KL rule does, when its signal falls to the threshold
+        kl = latent
     passes = pmax[:, :K] >= threshold if rule == 'confidence' else kl[:, :K] <= threshold
     passes[:, K - 1] = True  # the last loop always answers
     return passes.argmax(axis=1) + 1  # argmax finds the first True
 
 
-def calibrate_exit(rule, ce, pmax, kl, K, tolerance=0.01):
+def calibrate_exit(rule, ce, pmax, kl, K, tolerance=0.01, latent=None):
     """The threshold with the fewest mean loops whose perplexity stays within (1 + tolerance) of depth K's,
-    searched over quantiles of the rule's signal. ce, pmax, kl: (tokens, >= K).
+    searched over quantiles of the rule's signal. ce, pmax, kl, latent: (tokens, >= K).
     Returns (threshold, mean loops, perplexity); a threshold that never exits early when nothing qualifies."""
     signal = pmax[:, :K] if rule == 'confidence' else kl[:, 1:K]
+    if rule == 'latent':  # finite from loop 1 on: h_1 is compared with h_0
+        signal = latent[:, :K]
     # candidate thresholds at the signal's quantiles: every operating point the data can produce, in 201 steps
     candidates = np.unique(np.quantile(signal, np.linspace(0, 1, 201)))
     full = math.exp(ce[:, K - 1].mean())
     best = (math.inf if rule == 'confidence' else -math.inf, float(K), full)  # never exit early
     for t in candidates:
-        d = exit_depths(rule, t, pmax, kl, K)
+        d = exit_depths(rule, t, pmax, kl, K, latent)
         ppl = math.exp(ce[np.arange(len(d)), d - 1].mean())
         if ppl <= full * (1 + tolerance) and d.mean() < best[1]:
             best = (float(t), float(d.mean()), ppl)
@@ -128,12 +136,15 @@ def calibrate_exit(rule, ce, pmax, kl, K, tolerance=0.01):
 
 # ---- variable depth per sequence: the authors' benchmark, calibrated on held-out windows and timed ----
 
-# Per-token confidence scores from one loop's log-probabilities (..., V) -> (...); a sequence's score is their mean
-# over its tokens, and it leaves the batch at the first loop whose score reaches the threshold.
+# Per-token scores of one loop, from its log-probabilities logp (..., V) or its state h_k and the previous one
+# (..., C) -> (...); a sequence's score is their mean over its tokens, and it leaves the batch at the first loop
+# whose score reaches the threshold. 'latent' is the latent exit rule's signal, negated (higher = more settled); it
+# needs no readout to decide, so the timed run reads out only the sequences that leave.
 SCORES = {
-    'max_prob': lambda logp: logp.max(-1).values.exp(),                         # top-1 probability
-    'margin': lambda logp: -logp.topk(2, dim=-1).values.diff(dim=-1).squeeze(-1),  # top-1 minus top-2 logit
-    'entropy': lambda logp: 1 - torch.special.entr(logp.exp()).sum(-1) / math.log(logp.size(-1)),  # 1 - H / log V
+    'max_prob': lambda logp, h, h_prev: logp.max(-1).values.exp(),                         # top-1 probability
+    'margin': lambda logp, h, h_prev: -logp.topk(2, dim=-1).values.diff(dim=-1).squeeze(-1),  # top-1 minus top-2 logit
+    'entropy': lambda logp, h, h_prev: 1 - torch.special.entr(logp.exp()).sum(-1) / math.log(logp.size(-1)),  # 1 - H / log V
+    'latent': lambda logp, h, h_prev: -latent_change(h, h_prev),  # minus ||h_k - h_{k-1}|| / ||h_{k-1}||
 }
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)  # operating points besides the calibrated one, at these score quantiles
 
@@ -145,12 +156,13 @@ def sequence_depth_stats(model, x, y, K, batch_size=32):
     ce, scores = [], {name: [] for name in SCORES}
     for i in range(0, len(x), batch_size):
         xb, yb = x[i:i + batch_size], y[i:i + batch_size]
-        rows = ([], {name: [] for name in SCORES})
-        for k, h in model.loops(model.embed(xb), K):
+        rows, h_prev = ([], {name: [] for name in SCORES}), model.embed(xb)
+        for k, h in model.loops(h_prev, K):
             logp = readout_logp(model, h, k)                              # (B, T, V)
             rows[0].append(-logp.gather(-1, yb.unsqueeze(-1)).squeeze(-1).mean(-1))  # (B,)
             for name, f in SCORES.items():
-                rows[1][name].append(f(logp).mean(-1))                    # (B,)
+                rows[1][name].append(f(logp, h, h_prev).mean(-1))         # (B,)
+            h_prev = h
         ce.append(torch.stack(rows[0], dim=1))
         for name in SCORES:
             scores[name].append(torch.stack(rows[1][name], dim=1))
@@ -207,19 +219,20 @@ def _exit_run(model, x, y, K, score, threshold, batch_size, device):
     t0 = time.perf_counter()
     for i in range(0, len(x), batch_size):
         xb, yb = x[i:i + batch_size].to(device), y[i:i + batch_size].to(device)
-        targets = yb  # the targets of the sequences still in the batch
+        targets, h_prev = yb, model.embed(xb)  # the targets and last states of the sequences still in the batch
 
-        def leave(k, h_in, h):  # runs inside LoopedGPT.loops after pass k: the exiting rows leave h
-            nonlocal total_ce, total_loops, targets
+        def leave(k, h_in, h):  # runs inside LoopedGPT.loops after pass k: the exiting rows leave h (and e)
+            nonlocal total_ce, total_loops, targets, h_prev
             if score is None and k < K:
                 return h
-            logp = readout_logp(model, h, k)                              # (b, T, V)
-            done = SCORES[score](logp).mean(-1) >= threshold if score is not None and k < K \
+            logp = None if score == 'latent' and k < K else readout_logp(model, h, k)  # (b, T, V)
+            done = SCORES[score](logp, h, h_prev).mean(-1) >= threshold if score is not None and k < K \
                 else torch.ones(len(h), dtype=torch.bool, device=h.device)
-            total_ce += -logp[done].gather(-1, targets[done].unsqueeze(-1)).sum().item()
+            logp = readout_logp(model, h[done], k) if logp is None else logp[done]  # read out only who leaves
+            total_ce += -logp.gather(-1, targets[done].unsqueeze(-1)).sum().item()
             total_loops += k * int(done.sum())
-            targets = targets[~done]
-            return h[~done]
+            targets, h_prev = targets[~done], h[~done]
+            return h[~done], ~done
         for k, h in model.loops(model.embed(xb), K, intervene=leave):
             if len(h) == 0:
                 break
@@ -345,7 +358,7 @@ def radial_gradient(model, x, y, K):
     (K, 3) array."""
     states, ces, normed = [], [], []
     for k, h in model.loops(model.embed(x), K):
-        y_k = model.readout(h, k)
+        y_k = model.head_input(h, k)  # the readout's output (after the coda, if the model has one)
         states.append(h)
         normed.append(y_k)
         ces.append(F.nll_loss(F.log_softmax(model.lm_head(y_k).float(), -1).flatten(0, 1), y.flatten()))
@@ -361,7 +374,8 @@ def radial_gradient(model, x, y, K):
     kind, norm = model.readout.kind, model.readout.norm
     for k, ((g_h, g_y), g_total, s) in enumerate(zip(direct, total, states), 1):
         closed = math.nan
-        if kind == 'rmsnorm' or (kind == 'final_norm' and k >= K):  # loop k is read out through an RMSNorm
+        # loop k is read out through an RMSNorm straight from h_k (a coda comes between them: no closed form)
+        if not model.coda and (kind == 'rmsnorm' or (kind == 'final_norm' and k >= K)):
             radial = rmsnorm_radial_grad(s.detach(), g_y, norm.weight.detach(), norm.eps)
             closed = (radial.abs() / (g_h.norm(dim=-1) * s.detach().norm(dim=-1))).mean().item()
         rows.append([frac(g_h, s), frac(g_total, s), closed])
@@ -526,14 +540,14 @@ def print_depth_table(ce, K):
     print(fmt_row('ppl', np.exp(ce.mean(0))))
 
 
-def print_token_exit(ce, pmax, kl, m, K):
+def print_token_exit(ce, pmax, kl, latent, m, K):
     """Per token (sample.py's rules): calibrated on the first m tokens (the first half of the windows), reported on
     the rest."""
     print(f"\nearly exit per token (sample.py --exit): the threshold with the fewest mean loops whose perplexity "
           f"is within 1% of depth {K} on the first half of the windows, measured on the second half")
     for rule in EXITS:
-        t = calibrate_exit(rule, ce[:m], pmax[:m], kl[:m], K)[0]
-        d = exit_depths(rule, t, pmax[m:], kl[m:], K)
+        t = calibrate_exit(rule, ce[:m], pmax[:m], kl[:m], K, latent=latent[:m])[0]
+        d = exit_depths(rule, t, pmax[m:], kl[m:], K, latent[m:])
         print(f"{rule:>10}: threshold {t:.4g}, mean loops {d.mean():.2f} of {K}, perplexity "
               f"{math.exp(ce[m:][np.arange(len(d)), d - 1].mean()):.3f} (depth {K}: {math.exp(ce[m:, K - 1].mean()):.3f})")
 
@@ -598,15 +612,14 @@ def main(argv=None):
     device = next(model.parameters()).device
     c = model.config
     K = c.n_loop
-    print(f"{args.out_dir} at step {ckpt['step']}: {c.supervision} + {c.readout}, {c.recurrence} recurrence, "
-          f"norm_penalty {c.norm_penalty:g}, K={K}, on {device}")
+    print(f"{args.out_dir} at step {ckpt['step']}: {condition_name(c.to_dict())}, K={K}, on {device}")
 
     if args.only in ('all', 'depth', 'exit'):
         x, y = windows(tokens, c.block_size, args.max_windows)
-        ce, pmax, kl = per_token_depth_stats(model, x.to(device), y.to(device), 2 * K)
+        ce, pmax, kl, latent = per_token_depth_stats(model, x.to(device), y.to(device), 2 * K)
         print_depth_table(ce, K)
         if args.only != 'depth':
-            print_token_exit(ce, pmax, kl, len(x) // 2 * c.block_size, K)
+            print_token_exit(ce, pmax, kl, latent, len(x) // 2 * c.block_size, K)
             if args.timed:
                 print_sequence_exit(model, x, y, K, device)
             else:
@@ -620,7 +633,7 @@ def main(argv=None):
         print_update_split(model, x, K)
         print_clamps(model, x, y, K)
     if args.only in ('all', 'lemma'):
-        title = f"{args.out_dir} ({c.supervision} + {c.readout}, {c.recurrence}), step {ckpt['step']}"
+        title = f"{args.out_dir} ({condition_name(c.to_dict())}), step {ckpt['step']}"
         print_lemma(model, x, K, args.lemma_loops, title, fig_path)
 
 if __name__ == '__main__':

@@ -25,23 +25,9 @@ import tempfile
 import time
 from dataclasses import fields
 
-from looped import LoopedConfig
+from looped import LoopedConfig, condition_name
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-def condition_name(cfg):
-    """A run's condition, from the model config in its log: 'supervision + readout', then the label of every other
-    variant that is not at its default (looped.LoopedConfig declares each; older logs lack the newer ones)."""
-    name = f"{cfg['supervision']} + {cfg['readout']}"
-    for f in LoopedConfig.variants():
-        value = cfg.get(f.name, f.default)
-        if f.name in ('supervision', 'readout') or value == f.default:
-            continue
-        label = f.metadata['label'] or ((lambda v: f" + {v}") if f.metadata['choices'] else
-                                        (lambda v, tag=f.metadata['tag']: f" + {tag}{v:g}"))
-        name += label(value)
-    return name
-
 
 def flags_name(flags):
     """The condition name of a list of train.py model flags ('--name=value'), as condition_name names its run."""
@@ -96,9 +82,13 @@ PREDICTIONS = {  # design: (scale carried?, level under rmsnorm, level under raw
     'bptt1': (True, 'large', 'small', 'the forward pass is unchanged; each pass still has its own readout\'s gradient'),
     'looped_nanochat': (False, 'small', 'small', 'sandwich layers and a norm after every loop'),
 }
-# every design under a scale-invariant and a scale-visible readout, per-loop supervision
-ATLAS = {flags_name(flags): flags for design in DESIGNS.values()
-         for flags in (['--supervision=per_loop', f'--readout={r}', *design] for r in ('rmsnorm', 'raw'))}
+# every design under a scale-invariant and a scale-visible readout, per-loop supervision: {name: flags}, and
+# {name: (design, readout)} for the atlas's tables
+ATLAS, ATLAS_DESIGN = {}, {}
+for _design, _flags in DESIGNS.items():
+    for _readout in ('rmsnorm', 'raw'):
+        _name = flags_name(['--supervision=per_loop', f'--readout={_readout}', *_flags])
+        ATLAS[_name], ATLAS_DESIGN[_name] = ['--supervision=per_loop', f'--readout={_readout}', *_flags], (_design, _readout)
 # Claim 4 (scale control wins at matched depth once training is long enough) compares per-loop runs only.
 CLAIM4 = ['per_loop + rmsnorm', 'per_loop + raw', 'per_loop + rmsnorm + penalty', 'per_loop + final_norm',
           'per_loop + rmsnorm + normed', 'per_loop + alpha']

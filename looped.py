@@ -6,7 +6,8 @@ h_k is read out through the LM head (so it can be supervised: "per-loop" or "den
 also fed back into the next loop. The paper this reproduces ("Dense Supervision Is Not Enough: The
 Readout Blind Spot in Looped Language Models", Sharma & Vu, 2026) shows that a scale-invariant readout
 (RMSNorm or LayerNorm before the head) hides ||h_k|| from the loss, while the pre-norm residual loop keeps
-carrying and growing it. The variants below are the knobs that expose or remove that blind spot:
+carrying and growing it. The variants below are the knobs that expose or remove that blind spot (each is one LoopedConfig field, with
+its choices; train.py has a flag of the same name for every field):
 
     readout      rmsnorm | layernorm   scale-invariant: the loss cannot see ||h||
                  raw                   no norm: the head sees the scale, so the loss controls it
@@ -17,8 +18,19 @@ carrying and growing it. The variants below are the knobs that expose or remove 
     supervision  per_loop | terminal   mean of the K cross-entropies, or the last one only
     norm_penalty lambda                adds lambda * mean_k mean(h_k^2)
 
-In every variant h_k is the output of pass k before any inter-loop norm: it is what is read out, penalized
-and logged (LoopedGPT.loops is the one place that runs the passes).
+The other looped LMs (Huginn, looped_nanochat, nanoLOOP) build the loop in ways that are knobs here too:
+
+    injection    none | add | concat   pass k runs on h_{k-1}, on h_{k-1} + e, or on W [h_{k-1}; e] (W = [I | 0] at
+                                       init); e = h_0, the embedding after the prelude (LoopedGPT.pass_input)
+    n_prelude    int                   unshared layers run once on the embedding, before the loop (embed)
+    n_coda       int                   unshared layers between every h_k and its readout (head_input)
+    block        prenorm | sandwich    x + f(norm(x)), or norm(x + f(norm(x))) for each sublayer (Block)
+    depth_sampling fixed | poisson_lognormal   training only: a loop count drawn per step (sampled_depth)
+    bptt         int                   gradient through the last bptt passes only; 0: all (pass_input)
+    exit rules   confidence | kl | latent      at inference: exit_passes (sample.py --exit, diagnose.py)
+
+In every variant h_k is the output of pass k before any inter-loop norm or coda: it is what is carried, read
+out, penalized and logged (LoopedGPT.loops is the one place that runs the passes).
 
 Importing this file has no side effects. Besides the model it holds the two things every script needs:
 loading a checkpoint (LoopedGPT.from_checkpoint) and choosing the device (resolve_device).
@@ -123,6 +135,21 @@ class LoopedConfig:
 
     def to_dict(self):
         return asdict(self)
+
+
+def condition_name(cfg):
+    """A model's condition from its config as a dict (to_dict(), or the one in a run's log): 'supervision +
+    readout', then the label of every other variant not at its default ('per_loop + rmsnorm + normed'); a field
+    that an older log lacks is at its default."""
+    name = f"{cfg['supervision']} + {cfg['readout']}"
+    for f in LoopedConfig.variants():
+        value = cfg.get(f.name, f.default)
+        if f.name in ('supervision', 'readout') or value == f.default:
+            continue
+        label = f.metadata['label'] or ((lambda v: f" + {v}") if f.metadata['choices'] else
+                                        (lambda v, tag=f.metadata['tag']: f" + {tag}{v:g}"))
+        name += label(value)
+    return name
 
 
 # the allowed values of each variant, as the scripts import them (declared once, in the fields above)
@@ -515,8 +542,9 @@ class LoopedGPT(nn.Module):
         loops_used = []
         for _ in range(max_new_tokens):
             idx_cond = idx[:, -self.config.block_size:]               # crop to the context the model knows
-            logp_prev = h_prev = None
-            for k, h in self.loops(self.embed(idx_cond), K):
+            h0 = self.embed(idx_cond)
+            logp_prev, h_prev = None, h0[:, -1, :]                   # the latent rule compares h_1 with h_0 = e
+            for k, h in self.loops(h0, K):
                 logp = F.log_softmax(self.next_logits(h, k).float(), dim=-1)  # (B, V): next token only
                 h_last = h[:, -1, :]                                  # (B, C): the state the latent rule watches
                 if exit_rule is not None and exit_passes(exit_rule, exit_threshold, logp, logp_prev, h_last, h_prev).all():
@@ -536,8 +564,9 @@ def exit_passes(rule, threshold, logp, logp_prev, h=None, h_prev=None):
     """Early-exit rule on one loop's log-probabilities (..., V), or for 'latent' on its hidden state (..., C):
     'confidence' passes when the top probability reaches the threshold; 'kl' when KL(p_k || p_{k-1}) falls to
     the threshold or below; 'latent' when the state's relative change ||h_k - h_{k-1}|| / ||h_{k-1}|| does
-    (Huginn's and looped_nanochat's training-free rule). The last two never pass at loop 1 (logp_prev or h_prev
-    is None: there is nothing to compare with). Returns a bool tensor of shape (...)."""
+    (Huginn's and looped_nanochat's training-free rule). Where logp_prev or h_prev is None there is nothing to
+    compare with, and the rule does not pass: 'kl' never passes at loop 1, while 'latent' can, since generate and
+    diagnose.py pass h_0 (the embedding) as the state before loop 1. Returns a bool tensor of shape (...)."""
     if rule == 'confidence':
         return logp.max(dim=-1).values.exp() >= threshold
     if (logp_prev if rule == 'kl' else h_prev) is None:

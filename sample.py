@@ -7,6 +7,7 @@ Generate text from a trained looped model, at its trained loop count or any othe
     python sample.py --out_dir=... --start=FILE:prompt.txt
     python sample.py --out_dir=out/laptop --exit=kl --exit_threshold=0.01        # stop looping early per token
     python sample.py --exit=confidence --exit_threshold=0.6 --show_depth         # see which tokens needed more loops
+    python sample.py --exit=latent --exit_threshold=0.05    # exit when the hidden state stops changing
 
 Not here: the exit rules themselves (looped.py: exit_passes) and their calibration and measured speed
 (diagnose.py). It needs only looped.py beside it.
@@ -18,7 +19,7 @@ import sys
 
 import torch
 
-from looped import EXITS, LoopedGPT, resolve_device
+from looped import EXITS, LoopedGPT, condition_name, resolve_device
 
 
 def get_codec(meta):
@@ -89,10 +90,10 @@ def get_parser():
     p.add_argument('--seed', type=int, default=1337)
     p.add_argument('--n_loop', type=int, default=None, help='loops per token (default: the trained K)')
     p.add_argument('--exit', default='none', choices=('none',) + EXITS,
-                   help='early exit per token: confidence (top probability >= threshold) or kl (KL between '
-                        'successive loops <= threshold)')
+                   help='early exit per token: confidence (top probability >= threshold), kl (KL between '
+                        'successive loops <= threshold) or latent (relative change of the hidden state <= threshold)')
     p.add_argument('--exit_threshold', type=float, default=None,
-                   help='threshold of --exit (e.g. 0.9 for confidence, 0.01 for kl; diagnose.py calibrates one)')
+                   help='threshold of --exit (e.g. 0.9 for confidence, 0.01 for kl, 0.05 for latent; diagnose.py calibrates one)')
     p.add_argument('--show_depth', action='store_true',
                    help='mark every generated token with the loop at which it exited (colours in a terminal, '
                         'a line of digits under the text otherwise)')
@@ -131,8 +132,8 @@ def main(argv=None):
 
     torch.manual_seed(args.seed)  # the same seed gives the same samples
     n_loop = args.n_loop or config.n_loop  # more than the trained K extrapolates, fewer exits early
-    print(f"{args.out_dir} at step {ckpt['step']}: {config.readout} readout, {config.recurrence} recurrence, "
-          f"trained with K={config.n_loop}, sampling with {n_loop} loops per token")
+    print(f"{args.out_dir} at step {ckpt['step']}: {condition_name(config.to_dict())}, trained with K={config.n_loop}, "
+          f"sampling with {n_loop} loops per token")
     x = torch.tensor(ids, dtype=torch.long, device=device)[None, :]  # (1, T)
     exit_rule = None if args.exit == 'none' else args.exit
     loops = []  # loops used per generated token, over all samples

@@ -35,7 +35,7 @@ import runs
 from configs import CONFIGS
 from data import DATASETS, find_dataset
 from data.common import check_same_data, read_dataset
-from looped import LoopedConfig, LoopedGPT, fmt_mfu, peak_flops, resolve_device, sampled_depth
+from looped import LoopedConfig, LoopedGPT, condition_name, fmt_mfu, peak_flops, resolve_device, sampled_depth
 
 
 def str2bool(s):
@@ -304,12 +304,7 @@ def main(argv=None):
     say(rt.describe() + (' (auto: on for CUDA only)' if args.compile == 'auto' else '') + ddp)
     model, raw_model, optimizer, state = build(args, config, rt, rank, world, ckpt, data, say)
     say(f"{args.out_dir}: {raw_model.num_params():,} parameters, {config.n_layer} layers x {config.n_loop} loops, "
-        f"readout={config.readout}, recurrence={config.recurrence}, supervision={config.supervision}, "
-        f"norm_penalty={config.norm_penalty:g}, init={config.init}"
-        + ''.join(f", {f.name}={getattr(config, f.name)}" for f in LoopedConfig.variants()  # any design switched on
-                  if f.name not in ('readout', 'recurrence', 'supervision', 'norm_penalty', 'init')
-                  and getattr(config, f.name) != f.default)
-        + f"; global batch {global_batch} = {args.batch_size} "
+        f"{condition_name(config.to_dict())}; global batch {global_batch} = {args.batch_size} "
         f"x {micro_steps} micro-steps x {world} processes, {global_batch * config.block_size:,} tokens/step, "
         f"{raw_model.flops_per_token() / 1e6:.1f} MFLOPs/token")
     if world > 1:  # every process has checked out_dir and read its checkpoint before rank 0 writes there

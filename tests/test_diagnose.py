@@ -29,23 +29,29 @@ def test_windows_count_every_token_once():
 
 def test_depth_stats_agree_with_forward():
     model, (x, y) = tiny(), data()
-    ce, pmax, kl = diagnose.per_token_depth_stats(model, x, y, 6, batch_size=4)
+    ce, pmax, kl, latent = diagnose.per_token_depth_stats(model, x, y, 6, batch_size=4)
     _, _, stats = model(x, y, n_loop=6)
     assert ce.shape == (48, 6) and np.allclose(ce.mean(0), stats['ce'].numpy(), atol=1e-5)
     assert np.isinf(kl[:, 0]).all() and (kl[:, 1:] >= -1e-6).all() and ((pmax > 0) & (pmax <= 1)).all()
+    with torch.no_grad():  # the latent signal: the relative change of each token's state, from h_0 on
+        states = [model.embed(x)] + [h for _, h in model.loops(model.embed(x), 6)]
+    want = torch.stack([(b - a).norm(dim=-1) / a.norm(dim=-1) for a, b in zip(states, states[1:])], -1)
+    assert np.allclose(latent, want.reshape(-1, 6).numpy(), rtol=1e-5)
 
 
 def test_exit_calibration_bounds():
     model, (x, y) = tiny(), data()
-    ce, pmax, kl = diagnose.per_token_depth_stats(model, x, y, 3)
+    ce, pmax, kl, latent = diagnose.per_token_depth_stats(model, x, y, 3)
     full = math.exp(ce[:, 2].mean())
     assert (diagnose.exit_depths('confidence', 1.1, pmax, kl, 3) == 3).all()  # never confident enough
     assert (diagnose.exit_depths('confidence', 0.0, pmax, kl, 3) == 1).all()  # always
     assert (diagnose.exit_depths('kl', 1e9, pmax, kl, 3) == 2).all()          # KL needs a previous loop
-    for kind in ('confidence', 'kl'):
-        t, depth, ppl = diagnose.calibrate_exit(kind, ce, pmax, kl, 3)
+    assert (diagnose.exit_depths('latent', 1e9, pmax, kl, 3, latent) == 1).all()  # h_1 is compared with h_0
+    assert (diagnose.exit_depths('latent', -1, pmax, kl, 3, latent) == 3).all()
+    for kind in ('confidence', 'kl', 'latent'):
+        t, depth, ppl = diagnose.calibrate_exit(kind, ce, pmax, kl, 3, latent=latent)
         assert 1 <= depth <= 3 and ppl <= full * 1.01 + 1e-9
-        d = diagnose.exit_depths(kind, t, pmax, kl, 3)
+        d = diagnose.exit_depths(kind, t, pmax, kl, 3, latent)
         assert d.mean() == pytest.approx(depth) and math.exp(ce[np.arange(len(d)), d - 1].mean()) == pytest.approx(ppl)
 
 
@@ -91,8 +97,11 @@ def test_timed_exit_run_matches_the_computed_exits():
             assert (loops, ppl) == pytest.approx(diagnose.sequence_exit(ce, s, t, 3), rel=1e-5) and tok_s > 0
     assert diagnose.timed_exit_run(model, x, y, 3)[:2] == pytest.approx((3.0, math.exp(ce[:, 2].mean())), rel=1e-5)
     uniform = torch.zeros(11).log_softmax(-1)  # the scores' ends: a uniform prediction is the least confident
-    assert diagnose.SCORES['entropy'](uniform).item() == pytest.approx(0, abs=1e-6)
-    assert diagnose.SCORES['margin'](uniform).item() == 0 and diagnose.SCORES['max_prob'](uniform).item() == pytest.approx(1 / 11)
+    score = lambda name: diagnose.SCORES[name](uniform, None, None).item()
+    assert score('entropy') == pytest.approx(0, abs=1e-6)
+    assert score('margin') == 0 and score('max_prob') == pytest.approx(1 / 11)
+    h = torch.tensor([[3.0, 4.0]])  # the latent score: minus the relative change, 1 / 5 here
+    assert diagnose.SCORES['latent'](None, h + torch.tensor([[0.6, 0.8]]), h).item() == pytest.approx(-0.2)
 
 
 @pytest.mark.parametrize('readout, flat', [('rmsnorm', True), ('layernorm', True), ('raw', False)])

@@ -140,7 +140,7 @@ def test_the_recurrence_is_written_once(monkeypatch):
         torch.manual_seed(0)
         _, loss, stats = model(x, y)
         sampled, _ = model.generate(x[:, :4], max_new_tokens=8)
-        ce, _, _ = diagnose.per_token_depth_stats(model, x, y, 3)
+        ce = diagnose.per_token_depth_stats(model, x, y, 3)[0]
         return stats['hidden_norm'], loss, sampled, ce
     before = outputs()
     original = LoopedGPT.loops

@@ -74,10 +74,9 @@ def test_a_corrupt_checkpoint_stops_plot_norms_before_any_figure(two_runs, tmp_p
 
 
 def test_every_condition_is_named_back_from_its_flags():
-    for name, flags in grid.CONDITIONS.items():
-        args = train.parse_args(flags)
-        cfg = {k: getattr(args, k) for k in ('supervision', 'readout', 'alpha', 'norm_penalty', 'recurrence', 'init')}
-        assert grid.condition_name(cfg) == name
+    for conditions in grid.GRIDS.values():
+        for name, flags in conditions.items():
+            assert grid.condition_name(train.model_config(train.parse_args(flags)).to_dict()) == name
 
 
 @pytest.mark.parametrize('content, message', [
@@ -103,8 +102,8 @@ def test_a_pattern_that_matches_no_folder_is_a_one_line_error(two_runs, tmp_path
 
 
 def test_grid_runs_then_reuses(small_data, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(grid, 'CONDITIONS', {'per_loop + raw': ['--readout=raw'],
-                                                   'terminal + rmsnorm': ['--supervision=terminal']})
+    monkeypatch.setitem(grid.GRIDS, 'paper', {'per_loop + raw': ['--readout=raw'],
+                                              'terminal + rmsnorm': ['--supervision=terminal']})
     extra = ' '.join(['--dataset', small_data, *TINY, '--max_iters=2', '--eval_interval=2'])
     argv = ['--run', '--out_root', str(tmp_path / 'grid'), '--fig_dir', str(tmp_path / 'figs'), '--exit_windows=0',
             '--train_args', extra]

@@ -65,20 +65,27 @@ MUTATIONS = [
      'r2 = h.pow(2).mean(-1) + eps', 'r2 = h.pow(2).mean(-1)'),
     # ---- A3: LoopedGPT.loops ----
     ('a3', 'looped.py', 'a list instead of a generator (all passes run before the first is used)',
-     '''        for k in range(1, n_loop + 1):
+     '''        e = h
+        for k in range(1, n_loop + 1):
             h_in = h
-            h = self.loop_step(h_in)                                  # (B, T, C)
+            h = self.loop_step(self.pass_input(h_in, e, k, n_loop))  # (B, T, C)
             if intervene is not None:
                 h = intervene(k, h_in, h)
+                if isinstance(h, tuple):
+                    h, keep = h
+                    e = e[keep]
             yield k, h
             if self.inter_norm is not None:
                 h = self.inter_norm(h)''',
-     '''        out = []
+     '''        e, out = h, []
         for k in range(1, n_loop + 1):
             h_in = h
-            h = self.loop_step(h_in)                                  # (B, T, C)
+            h = self.loop_step(self.pass_input(h_in, e, k, n_loop))  # (B, T, C)
             if intervene is not None:
                 h = intervene(k, h_in, h)
+                if isinstance(h, tuple):
+                    h, keep = h
+                    e = e[keep]
             out.append((k, h))
             if self.inter_norm is not None:
                 h = self.inter_norm(h)
@@ -92,12 +99,19 @@ MUTATIONS = [
             yield k, h'''),
     ('a3', 'looped.py', 'an inter-loop norm before pass 1 too',
      '''            h_in = h
-            h = self.loop_step(h_in)                                  # (B, T, C)''',
+            h = self.loop_step(self.pass_input(h_in, e, k, n_loop))  # (B, T, C)''',
      '''            h_in = self.inter_norm(h) if self.inter_norm is not None else h
-            h = self.loop_step(h_in)                                  # (B, T, C)'''),
+            h = self.loop_step(self.pass_input(h_in, e, k, n_loop))  # (B, T, C)'''),
+    ('a3', 'looped.py', 'the pass input skipped (no injection, no truncation)',
+     'h = self.loop_step(self.pass_input(h_in, e, k, n_loop))', 'h = self.loop_step(h_in)'),
+    ('a3', 'looped.py', 'e keeps every row when intervene drops some',
+     '                    e = e[keep]\n', ''),
     ('a3', 'looped.py', "intervene's result yielded but not carried on",
      '''            if intervene is not None:
                 h = intervene(k, h_in, h)
+                if isinstance(h, tuple):
+                    h, keep = h
+                    e = e[keep]
             yield k, h''',
      '''            yield k, (intervene(k, h_in, h) if intervene is not None else h)'''),
     ('a3', 'looped.py', 'intervene called with the output twice (no pass input)',
@@ -176,6 +190,10 @@ MUTATIONS = [
     ('a6', 'looped.py', 's as the mean absolute value instead of the RMS',
      's = hf.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(self.eps)', 's = hf.abs().mean(-1, keepdim=True).clamp_min(self.eps)'),
     # ---- A7: exit_passes, exit_depths, calibrate_exit ----
+    ('a7', 'looped.py', 'the latent rule with a strict <',
+     'return latent_change(h, h_prev) <= threshold', 'return latent_change(h, h_prev) < threshold'),
+    ('a7', 'diagnose.py', 'exit_depths reads the KL column under the latent rule',
+     '        kl = latent\n', '        kl = kl\n'),
     ('a7', 'looped.py', 'KL reversed: KL(p_{k-1} || p_k)',
      'return (logp.exp() * (logp - logp_prev)).sum(dim=-1) <= threshold',
      'return (logp_prev.exp() * (logp_prev - logp)).sum(dim=-1) <= threshold'),

@@ -144,3 +144,36 @@ def test_gradients_flow_through_the_carried_state(recurrence):
         check_close(g, e, f"{recurrence} recurrence: d h_3 / d {name} against the three passes unrolled by hand",
                     rtol=1e-4, atol=1e-6, hint="Part of the carried state is detached, or a pass starts from "
                     "something other than the state the previous pass returned.")
+
+
+def test_each_pass_runs_on_pass_input_of_the_carried_state_and_e():
+    """loops hands pass_input(h_in, e, k, n_loop) to loop_step, with e = the h that loops was given: the designs
+    that inject the embedding (here injection='add': pass k runs on h_in + e) live in pass_input, not in loops."""
+    model = tiny(injection='add').eval()
+    h0 = torch.randn(2, 5, 32)
+    inputs, outputs = recorded(model)
+    with torch.no_grad():
+        list(model.loops(h0, 3))
+    assert len(inputs) == 3, f"loops(h, 3) ran loop_step {len(inputs)} times; one pass per loop"
+    check_close(inputs[0], 2 * h0, "with injection='add', the input of pass 1 against h_0 + e = 2 h_0",
+                hint="Each pass runs on self.pass_input(h_in, e, k, n_loop), with e the h that loops was given.")
+    for k in (1, 2):
+        check_close(inputs[k], outputs[k - 1] + h0, f"with injection='add', the input of pass {k + 1} against h_{k} + e",
+                    hint="Each pass runs on self.pass_input(h_in, e, k, n_loop): e stays the h loops was given.")
+
+
+def test_rows_dropped_by_intervene_leave_e_too():
+    """intervene may drop rows (the exit benchmark removes sequences that exited) by returning (h_k, keep), keep a
+    bool mask over the rows it was given: the yielded and carried state is h_k, and e keeps the same rows."""
+    model = tiny(injection='add').eval()
+    h0 = torch.randn(4, 5, 32)
+    inputs, outputs = recorded(model)
+    keep = torch.tensor([True, False, True, False])
+
+    def drop(k, h_in, h):
+        return (h[keep], keep) if k == 1 else h
+    with torch.no_grad():
+        got = list(model.loops(h0, 2, intervene=drop))
+    assert got[0][1].shape[0] == 2, "when intervene returns (h_k, keep), loops yields h_k (the rows kept), not the pair"
+    check_close(inputs[1], outputs[0][keep] + h0[keep], "pass 2's input after rows 1 and 3 left at loop 1",
+                hint="After intervene returns (h_k, keep), carry h_k on and keep only e[keep] for the next passes.")

@@ -68,6 +68,26 @@ def test_a_threshold_equal_to_a_signal_value_exits():
             f"{want}. A signal equal to the threshold passes: top probability >= t, KL <= t.")
 
 
+def test_the_latent_rule_on_hand_made_states():
+    """The latent rule: ||h_k - h_{k-1}|| / ||h_{k-1}|| <= threshold per token, a tie passes, no h_prev no exit;
+    in exit_depths on its own column, which is finite at loop 1."""
+    h_prev = torch.tensor([[3.0, 4.0], [1.0, 0.0]])                 # norms 5 and 1
+    h = h_prev + torch.tensor([[0.5, 0.0], [0.0, 0.25]])            # relative changes 0.1 and 0.25
+    lp = torch.zeros(2, 4).log_softmax(-1)
+    for t, want in ((0.1, [True, False]), (0.25, [True, True]), (0.05, [False, False])):
+        got = exit_passes('latent', t, lp, None, h, h_prev).tolist()
+        assert got == want, (
+            f"latent rule, threshold {t}: got {got}, expected {want}. The rule is ||h_k - h_(k-1)|| / ||h_(k-1)|| "
+            f"<= threshold, per token (over the last dimension); a change equal to the threshold passes.")
+    got = exit_passes('latent', 1e9, lp, None, h, None).tolist()
+    assert got == [False, False], f"latent rule with h_prev=None (nothing to compare with): got {got}, expected no exit"
+    pmax, kl = np.full((3, 3), 0.1), np.full((3, 3), math.inf)
+    latent = np.array([[0.05, 0.5, 0.5], [0.5, 0.05, 0.01], [0.5, 0.5, 0.5]])
+    got = [int(d) for d in exit_depths('latent', 0.05, pmax, kl, 3, latent)]
+    assert got == [1, 2, 3], (f"exit_depths('latent', 0.05) on a hand-made latent column gave {got}, expected [1, 2, 3]: "
+                              f"the latent rule reads its own column (the latent argument), and can pass at loop 1.")
+
+
 def synthetic(n=200, K=3, seed=0):
     """Half the tokens are easy: confident (p = 0.95) and already right at loop 1. The other half are hard: unsure
     (p = 0.3) until the last loop and much worse early. Calibration must exit the easy half at loop 1 and keep the
