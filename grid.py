@@ -204,8 +204,9 @@ def run_child(cmd):
 
 
 def grid_of(config, grid=None):
-    """The conditions {name: flags} of the named grid, or of the configuration's default one."""
-    return GRIDS[grid or DEFAULT_GRID.get(config, 'paper')]
+    """The conditions {name: flags} of the named grid (or grid itself, when it is such a dict), or of the
+    configuration's default one."""
+    return grid if isinstance(grid, dict) else GRIDS[grid or DEFAULT_GRID.get(config, 'paper')]
 
 
 def run_grid(config, seeds, out_root, extra, names=None, grid=None):

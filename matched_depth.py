@@ -3,12 +3,13 @@ Claim 4 at matched inference depth: per-sequence early exit read at the same mea
 condition, and each condition compared with the reference condition seed by seed.
 
     python matched_depth.py 'out/grid/laptop_long/*' 'out/grid/laptop_deep/*'    # into out/figures/matched_depth
+    python matched_depth.py 'out/grid/laptop/*' --against=max_prob    # each exit score against another, per run
 
 Why: a calibrated exit threshold lands each condition at whatever mean depth it happens to give (rmsnorm exits
 after about one loop where raw keeps going to 3.7), so comparing calibrated points compares different depths.
 Here every condition is read at the same mean depths, and the gap gets an interval over seeds.
 
-How, per run (from its ckpt.pt) and per exit score (diagnose.SCORES: max_prob, margin, entropy):
+How, per run (from its ckpt.pt) and per exit score (diagnose.SCORES: max_prob, margin, entropy, latent):
 1. The validation windows are cut in two as in diagnose.exit_benchmark; everything below uses the second half
    (the reporting half). Each window gets its mean cross-entropy and mean score at every loop 1..K
    (diagnose.sequence_depth_stats).
@@ -22,7 +23,9 @@ How, per run (from its ckpt.pt) and per exit score (diagnose.SCORES: max_prob, m
    probability. A depth outside the curve's range gets no value ('not reached'), never an extrapolated one.
 Then per configuration, condition, score and depth: condition minus reference in nats, seed by seed, paired by
 stats.pair_up (the fixed-depth table's pairing), with the mean, its standard error, the 95% t interval and the
-verdict words (stats.paired_stats, stats.verdict).
+verdict words (stats.paired_stats, stats.verdict). With --against=SCORE the pairs are the two scores of one run
+instead: per condition, every other score minus SCORE, seed by seed (is the latent rule, say, worse than the
+max-probability rule at the same mean depth?).
 
 Writes to --fig_dir: matched_depth.md and matched_depth.csv (the paired table) and fig7_matched_depth.png (the
 paired difference against mean depth, a band for each interval, one panel per score). Not here: the timed exit
@@ -109,6 +112,26 @@ def matched_rows(paired, curves, reference):
     return rows
 
 
+def score_rows(groups, curves, against):
+    """--against: one row per condition and score, that score's curve minus the against score's in the same run,
+    paired over the condition's seeds (the rows matched_rows makes, with the against score as the reference)."""
+    rows = []
+    for name, runs in groups.items():
+        runs = [run for run in runs if run['folder'] in curves]
+        if not runs:
+            continue
+        grid = depth_grid(runs[0]['K'])
+        config = runs[0]['config'].get('config', '')
+        for score in (s for s in diagnose.SCORES if s != against):
+            diffs = np.array([curves[run['folder']][score][:len(grid)] - curves[run['folder']][against][:len(grid)]
+                              for run in runs])  # (seeds, depths)
+            stats = [paired_stats(diffs[:, j]) if np.isfinite(diffs[:, j]).all() else None for j in range(len(grid))]
+            rows.append({'config': config, 'condition': name, 'score': f"{score} - {against}", 'pairs': len(runs),
+                         'seeds': [run['config']['seed'] for run in runs], 'depths': grid, 'stats': stats,
+                         'reference': against})
+    return rows
+
+
 def cell(s, reference):
     if s is None:
         return 'not reached'
@@ -133,7 +156,8 @@ def write_table(rows, fig_dir):
                 f"{s['mean']:.6f}", f"{s['se']:.6f}", f"{s['lo']:.6f}", f"{s['hi']:.6f}", str(s['df']),
                 verdict(s['lo'], s['hi'], r['reference'])]
             csv.append(','.join([r['config'], r['condition'], r['score'], str(r['pairs']), f"{d:g}"] + values))
-    md = (f"Paired differences in validation cross-entropy (nats) at matched mean exit depth, condition minus "
+    what = ('score minus the same run\'s' if ' - ' in rows[0]['score'] else 'condition minus')
+    md = (f"Paired differences in validation cross-entropy (nats) at matched mean exit depth, {what} "
           f"{rows[0]['reference']}, seed by seed: mean [95% t interval], on the reporting half of each run's windows; "
           f"'lower'/'higher' when the interval excludes 0.\n\n" + '\n'.join(lines) + '\n')
     write_atomically(os.path.join(fig_dir, 'matched_depth.md'), lambda f: f.write(md.encode()))
@@ -147,7 +171,7 @@ def plot(rows, fig_dir):
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
-    scores = list(diagnose.SCORES)
+    scores = list(dict.fromkeys(r['score'] for r in rows))
     fig, axes = plt.subplots(1, len(scores), figsize=(5 * len(scores), 4.2), sharey=True)
     lines = sorted({(r['config'], r['condition']) for r in rows})
     colors = plt.rcParams['axes.prop_cycle'].by_key()['color']
@@ -181,6 +205,8 @@ def get_parser():
                    help='where the table and figure go (default: out/figures/matched_depth)')
     p.add_argument('--max_windows', type=int, default=200, help='validation windows per run, half of them reported')
     p.add_argument('--reference', default=REFERENCE, help='the condition the others are paired with')
+    p.add_argument('--against', default=None, choices=list(diagnose.SCORES),
+                   help='pair each exit score with this one within every run, instead of conditions with --reference')
     p.add_argument('--device', default='auto', help='auto, cpu, cuda or mps')
     return p
 
@@ -198,12 +224,16 @@ def main(argv=None):
         runs = load_runs(args.runs)
     except LogError as e:
         sys.exit(f"matched_depth.py: error: {e}")
-    if args.reference not in {run['name'] for run in runs}:
-        p.error(f"--reference={args.reference!r}: no such condition among the runs")
-    paired = pair_up(group_runs(runs), args.reference)
-    used = sorted({run['folder'] for entry in paired.values() for pair in entry['pairs'] for run in pair[1:]})
-    if not used:
-        p.error(f"no run pairs with a {args.reference} run of the same seed and settings")
+    groups = group_runs(runs)
+    if args.against is not None:
+        paired, used = {}, sorted(run['folder'] for run in runs)
+    else:
+        if args.reference not in {run['name'] for run in runs}:
+            p.error(f"--reference={args.reference!r}: no such condition among the runs")
+        paired = pair_up(groups, args.reference)
+        used = sorted({run['folder'] for entry in paired.values() for pair in entry['pairs'] for run in pair[1:]})
+        if not used:
+            p.error(f"no run pairs with a {args.reference} run of the same seed and settings")
     device, curves = resolve_device(args.device).device, {}
     for i, folder in enumerate(used, 1):
         try:
@@ -214,7 +244,7 @@ def main(argv=None):
     for entry in paired.values():
         for reason in entry['left_out']:
             print(f"left out: {reason}")
-    rows = matched_rows(paired, curves, args.reference)
+    rows = score_rows(groups, curves, args.against) if args.against else matched_rows(paired, curves, args.reference)
     print(write_table(rows, args.fig_dir))
     print(f"wrote {os.path.join(args.fig_dir, 'matched_depth.md')}, matched_depth.csv and {plot(rows, args.fig_dir)}")
 

@@ -66,7 +66,10 @@ def get_parser():
     p.add_argument('--epochs', type=float, default=None,
                    help='train for this many epochs instead of --max_iters (an epoch: one pass over the training '
                         'windows of block_size tokens at stride block_size/2, as the authors count it)')
-    p.add_argument('--learning_rate', type=float, help='constant; the paper uses 3e-4')
+    p.add_argument('--learning_rate', type=float, help='constant (after any warmup); the paper uses 3e-4')
+    p.add_argument('--warmup_iters', type=int, default=0,
+                   help='raise the learning rate linearly from learning_rate / warmup_iters to learning_rate over the '
+                        'first warmup_iters steps; 0: constant from the first step (the paper)')
     p.add_argument('--weight_decay', type=float, default=0.01, help='AdamW decoupled weight decay')
     p.add_argument('--grad_clip', type=float, default=1.0, help='0 disables clipping')
     # evaluation, logging, checkpoints
@@ -111,6 +114,7 @@ def parse_args(argv=None):
             parser.error(f"--{name}={getattr(args, name)} must be at least 1")
     finite = lambda v: v is not None and math.isfinite(v)  # nan and inf pass comparisons that were not meant for them
     for name, ok, want in (('grad_accum', args.grad_accum is None or args.grad_accum >= 1, 'at least 1'),
+                           ('warmup_iters', args.warmup_iters >= 0, 'at least 0 (0: no warmup)'),
                            ('learning_rate', finite(args.learning_rate) and args.learning_rate > 0, 'a finite number > 0'),
                            ('weight_decay', finite(args.weight_decay) and args.weight_decay >= 0, 'a finite number >= 0'),
                            ('grad_clip', finite(args.grad_clip) and args.grad_clip >= 0, 'a finite number >= 0 (0: off)'),
@@ -398,6 +402,9 @@ def train(args, model, raw_model, optimizer, data, run, rt, world, micro_steps, 
             say(eval_line(last_record, K))
         if step >= args.max_iters:
             break
+        if args.warmup_iters:  # linear warmup: step i (0-based) trains at (i + 1) / warmup_iters of the rate
+            for group in optimizer.param_groups:
+                group['lr'] = args.learning_rate * min(1.0, (step + 1) / args.warmup_iters)
         r = sampled_depth(raw_model.config, args.seed, step)  # K, unless the depth is sampled
         lossf, stats = optimizer_step(model, optimizer, data, args, micro_steps, world, ctx, r)
         step += 1

@@ -334,3 +334,35 @@ def test_the_latent_rule_in_generate_watches_the_last_positions_state():
     # at the smallest change exactly, the rule first passes at the loop that has it
     _, used = model.generate(x, 1, exit_rule='latent', exit_threshold=min(changes))
     assert used == [int(np.argmin(changes)) + 1], changes
+
+
+def test_a_checkpoint_written_before_the_designs_loads_and_computes_the_same(tmp_path):
+    """A checkpoint's config from before the design fields existed (none of them in it) loads as the default
+    model it was: the same weights and the same logits."""
+    model = tiny().eval()
+    designs = ('injection', 'n_prelude', 'n_coda', 'block', 'depth_sampling', 'bptt')
+    old_config = {k: v for k, v in model.config.to_dict().items() if k not in designs}
+    torch.save({'model': model.state_dict(), 'config': old_config, 'step': 1}, tmp_path / 'ckpt.pt')
+    loaded, _ = LoopedGPT.from_checkpoint(str(tmp_path / 'ckpt.pt'))
+    x, _ = tokens()
+    with torch.no_grad():
+        assert torch.equal(loaded(x)[0], model(x)[0])
+    assert condition_name(old_config) == 'per_loop + rmsnorm'
+
+
+# ---- the learning-rate warmup (off by default)
+
+def test_warmup_raises_the_learning_rate_linearly_then_holds_it(small_data, tmp_path, monkeypatch):
+    rates, real = [], torch.optim.AdamW.step
+    monkeypatch.setattr(torch.optim.AdamW, 'step', lambda self, *a, **k: rates.append(self.param_groups[0]['lr'])
+                        or real(self, *a, **k))
+    flags = ['--dataset', small_data, '--n_layer=1', '--n_embd=16', '--n_head=2', '--n_loop=2', '--block_size=16',
+             '--batch_size=2', '--eval_iters=1', '--log_interval=10', '--eval_interval=10', '--learning_rate=0.01']
+    train.main([*flags, '--out_dir', str(tmp_path / 'w'), '--max_iters=6', '--warmup_iters=4'])
+    assert rates == pytest.approx([0.0025, 0.005, 0.0075, 0.01, 0.01, 0.01])
+    rates.clear()
+    train.main([*flags, '--out_dir', str(tmp_path / 'c'), '--max_iters=3'])
+    assert rates == pytest.approx([0.01] * 3)  # the default: constant from the first step
+    with pytest.raises(SystemExit) as e:
+        train.main([*flags, '--out_dir', str(tmp_path / 'bad'), '--warmup_iters=-1'])
+    assert 'warmup_iters=-1 must be at least 0' in str(e.value.code)
