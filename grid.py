@@ -58,6 +58,7 @@ DESIGNS = {
     'sandwich + normed': ['--block=sandwich', '--recurrence=normed'],
     'add': ['--injection=add'], 'concat': ['--injection=concat'], 'prelude1 + coda1': ['--n_prelude=1', '--n_coda=1'],
     'sampled depth': ['--depth_sampling=poisson_lognormal'], 'bptt1': ['--bptt=1'],
+    'update / K': ['--residual_scale=inverse_k'],
     # looped_nanochat's defaults at this size: prelude and coda around the core, concat injection, sandwich layers,
     # a norm after every loop, the sampled loop count (its bptt_k = 4 truncates nothing at K = 4)
     'looped_nanochat': ['--n_prelude=1', '--n_coda=1', '--injection=concat', '--block=sandwich', '--recurrence=normed',
@@ -81,6 +82,8 @@ PREDICTIONS = {  # design: (scale carried?, level under rmsnorm, level under raw
     'sampled depth': (True, 'large', 'small', 'the loop is unchanged; only the count varies'),
     'bptt1': (True, 'large', 'small', 'the forward pass is unchanged; each pass still has its own readout\'s gradient'),
     'looped_nanochat': (False, 'small', 'small', 'sandwich layers and a norm after every loop'),
+    'update / K': (True, 'large', 'small', 'each update is shrunk by 1/K, but the state is still carried and its '
+                   'scale still invisible to rmsnorm, so the growth is slowed, not stopped'),
 }
 # every design under a scale-invariant and a scale-visible readout, per-loop supervision: {name: flags}, and
 # {name: (design, readout)} for the atlas's tables

@@ -27,6 +27,7 @@ The other looped LMs (Huginn, looped_nanochat, nanoLOOP) build the loop in ways 
     block        prenorm | sandwich    x + f(norm(x)), or norm(x + f(norm(x))) for each sublayer (Block)
     depth_sampling fixed | poisson_lognormal   training only: a loop count drawn per step (sampled_depth)
     bptt         int                   gradient through the last bptt passes only; 0: all (pass_input)
+    residual_scale none | inverse_k    each pass's update scaled by 1/K (loop_step)
     exit rules   confidence | kl | latent      at inference: exit_passes (sample.py --exit, diagnose.py)
 
 In every variant h_k is the output of pass k before any inter-loop norm or coda: it is what is carried, read
@@ -93,6 +94,8 @@ class LoopedConfig:
                       ('prenorm', 'sandwich'))
     depth_sampling: str = knob('fixed', 'training only: every step trains K loops, or a loop count drawn from a '
                                'Poisson log-normal of mean K (see sampled_depth)', ('fixed', 'poisson_lognormal'))
+    residual_scale: str = knob('none', "'inverse_k': each pass's update scaled by 1/K, h_in + (pass(h_in) - h_in) / K "
+                               "(arXiv 2606.18524's fix for residual growth)", ('none', 'inverse_k'))
     bptt: int = knob(0, 'backprop through the last bptt loops only (the carried state detached before them); 0: all',
                      tag='bptt', label=lambda v: f" + bptt{v}")
     # ---- implementation choices (the same model either way, or nearly)
@@ -374,10 +377,12 @@ class LoopedGPT(nn.Module):
         return h
 
     def loop_step(self, h):
-        """One pass through the shared stack, (B, T, C) -> (B, T, C)."""
+        """One pass through the shared stack, (B, T, C) -> (B, T, C). residual_scale='inverse_k' scales the pass's
+        update by 1/K, which shrinks each pass's step but leaves the state carried from loop to loop."""
+        x = h
         for block in self.blocks:
-            h = block(h)
-        return h
+            x = block(x)
+        return h + (x - h) / self.config.n_loop if self.config.residual_scale == 'inverse_k' else x
 
     def pass_input(self, h, e, k, n_loop):
         """What pass k of n_loop runs on, from the carried state h (h_{k-1}, or its inter-loop norm) and the

@@ -67,6 +67,8 @@ MUTATIONS = [
     ('warmup off by one step', 'train.py', 'group[\'lr\'] = args.learning_rate * min(1.0, (step + 1) / args.warmup_iters)',
      'group[\'lr\'] = args.learning_rate * min(1.0, step / args.warmup_iters)',
      ['tests/test_designs.py::test_warmup_raises_the_learning_rate_linearly_then_holds_it']),
+    ('inverse_k scaling by 1/n_layer', 'looped.py', 'return h + (x - h) / self.config.n_loop if',
+     'return h + (x - h) / self.config.n_layer if', ['tests/test_designs.py::test_inverse_k_residual_scale_divides_each_pass_update_by_k']),
     # ---- generation controls
     ('generate ignores top_k', 'looped.py', '            if top_k is not None:', '            if False:',
      ['tests/test_designs.py::test_generate_samples_only_among_the_top_k']),

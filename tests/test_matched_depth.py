@@ -86,12 +86,30 @@ def test_the_command_writes_table_and_figure_from_run_folders(small_data, tmp_pa
     md.main([str(tmp_path / 'runs' / '*'), f'--fig_dir={out}', '--max_windows=8', '--device=cpu'])
     table = (out / 'matched_depth.md').read_text()
     rows = [line for line in table.splitlines() if line.startswith('| ') and 'per_loop + raw' in line]
-    assert len(rows) == 3 and all('| 2 | 1 2 |' in r for r in rows)  # one row per score, two pairs, seeds 1 and 2
+    n = len(md.diagnose.SCORES)
+    assert len(rows) == n and all('| 2 | 1 2 |' in r for r in rows)  # one row per score, two pairs, seeds 1 and 2
     assert len(rows[0].split('|')) - 2 == 5 + 3  # depths 1, 1.5, 2 for K = 2
     csv = (out / 'matched_depth.csv').read_text().splitlines()
-    assert len(csv) == 1 + 3 * 3 and csv[1].startswith('laptop,per_loop + raw,max_prob,2,1,')
+    assert len(csv) == 1 + n * 3 and csv[1].startswith('laptop,per_loop + raw,max_prob,2,1,')
     assert (out / 'fig7_matched_depth.png').stat().st_size > 10_000
     with pytest.raises(SystemExit, match='no such condition'):
         md.main([str(tmp_path / 'runs' / 'raw-*'), f'--fig_dir={out}'])
     with pytest.raises(SystemExit, match=r'nothing-\*: matches no folder$'):
         md.main([str(tmp_path / 'runs' / '*'), str(tmp_path / 'nothing-*'), f'--fig_dir={out}'])
+
+
+def test_against_pairs_each_score_with_another_within_every_run(tmp_path):
+    """--against: per condition, every other score minus the against score in the same run, over its seeds."""
+    runs = [{'folder': f'f{s}', 'K': 2, 'name': 'per_loop + raw', 'config': {'seed': s, 'config': 'laptop'}}
+            for s in (1, 2, 3)]
+    grid = md.depth_grid(2)
+    curves = {f"f{s}": {score: np.full(len(grid), 1.0) for score in md.diagnose.SCORES} for s in (1, 2, 3)}
+    for s, gap in zip((1, 2, 3), (0.19, 0.2, 0.21)):
+        curves[f"f{s}"]['latent'] = curves[f"f{s}"]['max_prob'] + gap  # latent worse by about 0.2 nats
+    rows = md.score_rows({'per_loop + raw': runs}, curves, 'max_prob')
+    assert [r['score'] for r in rows] == [f"{s} - max_prob" for s in md.diagnose.SCORES if s != 'max_prob']
+    latent = next(r for r in rows if r['score'] == 'latent - max_prob')
+    assert latent['pairs'] == 3 and latent['seeds'] == [1, 2, 3]
+    assert all(s['mean'] == pytest.approx(0.2) and s['lo'] > 0 for s in latent['stats'])
+    margin = next(r for r in rows if r['score'] == 'margin - max_prob')
+    assert all(s['mean'] == 0 for s in margin['stats'])

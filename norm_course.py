@@ -1,0 +1,208 @@
+"""
+The norm's course over long training: ||h_K|| against step on log-log axes, the transient told apart from the
+growth, and a power law fitted to what comes after the transient, extrapolated to the paper's token count.
+
+    python norm_course.py --run                           # train the six long runs (about 5 hours on 2 cores), then fit
+    python norm_course.py --run --fig_dir=figures/laptop_10k    # the committed table and figure
+    python norm_course.py 'out/course/*' --after=2000     # fit runs you have, from a later step on
+
+--run trains COURSE (laptop_10k: rmsnorm and raw at the demo's 3e-3 and the paper's 3e-4, and both with a
+500-step warmup at 3e-3) through grid.run_grid, one run at a time: finished runs are reused, interrupted ones
+resumed (Ctrl-C saves; the same command continues, across sessions too), so the runs can be trained in pieces.
+
+The fit, per run: log ||h_K|| = a + b log(step) by least squares over the evaluations at step >= --after, with
+the 95% t interval of the power b (n - 2 degrees of freedom), and the fitted law read at the paper's token count
+(its 44M recipe: 4 epochs of about 100M WikiText-103 tokens in windows of 256 at stride 128, batch 64: about
+48,800 steps of 16,384 tokens, 800M tokens), converted to this run's steps by tokens per step. The RMS
+(||h_K|| / sqrt(d)), not the L2 norm, is what can be compared across widths: the paper's headline 39,000 at
+d = 512 is an RMS of about 1,720. An extrapolation from a small model over 1.5 to 2 decades of steps, nothing
+more; runs continued further (--max_iters) that leave the interval falsify it.
+
+Writes to --fig_dir: course.md (the fits and their extrapolations), course.csv, fig9_norm_course.png.
+Not here: the runs' training (train.py through grid.py), the paired statistics of other tables (stats.py).
+"""
+
+import argparse
+import csv
+import io
+import math
+import os
+import shlex
+import sys
+
+import numpy as np
+
+from data.common import check_writable, write_atomically
+from grid import LogError, load_runs, run_grid
+from stats import t_quantile
+
+# the long runs: folder label -> train.py flags (on --config=laptop_10k); their names are not model conditions,
+# since the learning rate and the warmup are training flags, so the grid gets them as its own dict
+COURSE = {
+    'rmsnorm-lr3e-3': ['--readout=rmsnorm', '--learning_rate=3e-3'],
+    'raw-lr3e-3': ['--readout=raw', '--learning_rate=3e-3'],
+    'rmsnorm-lr3e-4': ['--readout=rmsnorm', '--learning_rate=3e-4'],
+    'raw-lr3e-4': ['--readout=raw', '--learning_rate=3e-4'],
+    'rmsnorm-lr3e-3-warmup500': ['--readout=rmsnorm', '--learning_rate=3e-3', '--warmup_iters=500'],
+    'raw-lr3e-3-warmup500': ['--readout=raw', '--learning_rate=3e-3', '--warmup_iters=500'],
+}
+PAPER_TOKENS = 4 * (100_000_000 // 128) // 64 * 64 * 256  # 4 epochs of windows at stride 128, batch 64 x 256
+PAPER_RMS = 39_000 / math.sqrt(512)  # the paper's headline ||h_K|| at d = 512, as an RMS
+
+
+def fit(steps, norms, after):
+    """Least squares of log norm on log step over steps >= after: {'n', 'b', 'lo', 'hi', 'a', 'predict'}, with
+    predict(step) -> (value, low, high) of the fitted law and its 95% interval (of the line, not of a new run);
+    None with fewer than 3 points."""
+    steps, norms = np.asarray(steps, dtype=float), np.asarray(norms, dtype=float)
+    keep = (steps >= max(after, 1)) & (norms > 0)
+    x, y = np.log(steps[keep]), np.log(norms[keep])
+    n = len(x)
+    if n < 3:
+        return None
+    xbar, sxx = x.mean(), ((x - x.mean()) ** 2).sum()
+    b = ((x - xbar) * (y - y.mean())).sum() / sxx
+    a = y.mean() - b * xbar
+    s = math.sqrt(((y - a - b * x) ** 2).sum() / (n - 2))  # residual standard deviation
+    t = t_quantile(0.975, n - 2)
+    se_b = s / math.sqrt(sxx)
+
+    def predict(step):
+        x0 = math.log(step)
+        se = s * math.sqrt(1 / n + (x0 - xbar) ** 2 / sxx)
+        mid = a + b * x0
+        return math.exp(mid), math.exp(mid - t * se), math.exp(mid + t * se)
+    return {'n': n, 'b': b, 'lo': b - t * se_b, 'hi': b + t * se_b, 'a': a, 'predict': predict,
+            'first': int(steps[keep][0]), 'last': int(steps[keep][-1])}
+
+
+def course(run):
+    """(steps, ||h_K|| at each evaluation) of one run."""
+    K = run['K']
+    return [r['step'] for r in run['records']], [r['hidden_norm'][K - 1] for r in run['records']]
+
+
+def label(run):
+    return os.path.basename(os.path.normpath(run['folder']))
+
+
+def rows_of(runs, after):
+    """One row per run: the transient's peak, the last norm, the fit after --after and its extrapolation."""
+    rows = []
+    for run in runs:
+        steps, norms = course(run)
+        c, m = run['config'], run['config']['model']
+        tokens_per_step = c['batch_size'] * (c.get('grad_accum') or 1) * m['block_size']
+        paper_step = PAPER_TOKENS / tokens_per_step
+        f = fit(steps, norms, after)
+        early = [v for s, v in zip(steps, norms) if 0 < s <= 500]
+        row = {'run': label(run), 'lr': c['learning_rate'], 'warmup': c.get('warmup_iters', 0), 'd': m['n_embd'],
+               'last_step': steps[-1], 'last': norms[-1], 'peak_early': max(early) if early else math.nan,
+               'fit': f, 'paper_step': paper_step}
+        if f is not None:
+            v, lo, hi = f['predict'](paper_step)
+            row['paper_rms'] = (v / math.sqrt(m['n_embd']), lo / math.sqrt(m['n_embd']), hi / math.sqrt(m['n_embd']))
+        rows.append(row)
+    return rows
+
+
+def table(rows, after):
+    """course.md's text and course.csv's rows."""
+    head = ['run', 'lr', 'warmup', 'steps', 'peak ‖h_K‖ in steps 1-500', 'last ‖h_K‖', f'fit from step {after}: points',
+            'power b [95% t]', "at the paper's tokens: ‖h_K‖ RMS [95%]", 'paper RMS']
+    lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
+    out = [['run', 'lr', 'warmup', 'last_step', 'peak_early', 'last', 'n', 'b', 'b_lo', 'b_hi', 'paper_step',
+            'rms', 'rms_lo', 'rms_hi']]
+    for r in rows:
+        f = r['fit']
+        fitted = ['too few points', '', ''] if f is None else [
+            f"{f['n']} ({f['first']}-{f['last']})", f"{f['b']:+.3f} [{f['lo']:+.3f}, {f['hi']:+.3f}]",
+            "{:.0f} [{:.0f}, {:.0f}]".format(*r['paper_rms'])]
+        lines.append('| ' + ' | '.join([r['run'], f"{r['lr']:g}", str(r['warmup']), str(r['last_step']),
+                                        f"{r['peak_early']:.1f}", f"{r['last']:.1f}", *fitted,
+                                        f"{PAPER_RMS:.0f}"]) + ' |')
+        out.append([r['run'], r['lr'], r['warmup'], r['last_step'], f"{r['peak_early']:.2f}", f"{r['last']:.2f}"]
+                   + ([''] * 4 if f is None else [f['n'], f"{f['b']:.4f}", f"{f['lo']:.4f}", f"{f['hi']:.4f}"])
+                   + [f"{r['paper_step']:.0f}"] + ([''] * 3 if f is None else [f"{v:.1f}" for v in r['paper_rms']]))
+    text = (f"Power law log ‖h_K‖ = a + b log(step) fitted from step {after} on (least squares, 95% t interval "
+            f"of b), and the fitted line read at the paper's token count ({PAPER_TOKENS / 1e6:.0f}M tokens: "
+            f"{rows[0]['paper_step']:,.0f} steps of these runs), as an RMS (‖h_K‖ / sqrt(d)). An extrapolation "
+            f"from a small model, not a measurement.\n\n" + '\n'.join(lines) + '\n')
+    return text, out
+
+
+def plot(runs, rows, after, path):
+    """fig9_norm_course.png: ||h_K|| against step, log-log, one line per run, each fit dashed over its range."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(9, 5.2))
+    colors = plt.rcParams['axes.prop_cycle'].by_key()['color']
+    for i, (run, row) in enumerate(zip(runs, rows)):
+        steps, norms = (np.array(v, dtype=float) for v in course(run))
+        keep = steps > 0
+        color = colors[i % len(colors)]
+        ax.plot(steps[keep], norms[keep], 'o-', ms=2.5, color=color, label=row['run'])
+        f = row['fit']
+        if f is not None:
+            xs = np.geomspace(f['first'], f['last'], 20)
+            ax.plot(xs, [f['predict'](x)[0] for x in xs], '--', color=color, lw=1.2,
+                    label=f"  fit from {after}: b = {f['b']:+.2f} [{f['lo']:+.2f}, {f['hi']:+.2f}]")
+    ax.axvline(after, color='grey', lw=0.8, ls=':')
+    ax.set(xscale='log', yscale='log', xlabel='training step', ylabel='‖h_K‖ (validation, mean over tokens)',
+           title='The norm over long training: the first steps\' jump, then the course after it (dotted: fit start)')
+    ax.grid(True, which='both', alpha=0.3)
+    ax.legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.01, 1))
+    fig.tight_layout()
+    write_atomically(path, lambda f: fig.savefig(f, format='png', dpi=130))
+    plt.close(fig)
+    return path
+
+
+def get_parser():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.error = lambda msg: sys.exit(f"norm_course.py: error: {msg}")
+    p.add_argument('runs', nargs='*', help='run folders or quoted globs (default with --run: the COURSE runs)')
+    p.add_argument('--run', action='store_true', help='train the COURSE runs first (reusing finished ones)')
+    p.add_argument('--config', default='laptop_10k', help='train.py configuration for --run')
+    p.add_argument('--out_root', default=os.path.join('out', 'course'), help='where --run puts its run folders')
+    p.add_argument('--after', type=int, default=1000, help='fit the evaluations from this step on (after the jump)')
+    p.add_argument('--fig_dir', default=os.path.join('out', 'figures', 'course'), help='where the table and figure go')
+    p.add_argument('--train_args', default='', help="extra train.py flags for --run, e.g. '--max_iters=20000'")
+    return p
+
+
+def main(argv=None):
+    p = get_parser()
+    args = p.parse_args(argv)
+    if not args.run and not args.runs:
+        p.error("name run folders to fit, or pass --run to train the long runs")
+    if args.after < 1:
+        p.error(f"--after={args.after} must be at least 1")
+    try:
+        extra = shlex.split(args.train_args)
+        check_writable(os.path.join(args.fig_dir, 'course.md'))
+    except ValueError as e:
+        p.error(str(e))
+    folders = run_grid(args.config, [1], args.out_root, extra, grid=COURSE) if args.run else []
+    try:
+        runs = load_runs(args.runs, folders)
+    except LogError as e:
+        sys.exit(f"norm_course.py: error: {e}")
+    rows = rows_of(runs, args.after)
+    text, out = table(rows, args.after)
+    buf = io.StringIO()
+    csv.writer(buf).writerows(out)
+    write_atomically(os.path.join(args.fig_dir, 'course.md'), lambda f: f.write(text.encode()))
+    write_atomically(os.path.join(args.fig_dir, 'course.csv'), lambda f: f.write(buf.getvalue().encode()))
+    path = plot(runs, rows, args.after, os.path.join(args.fig_dir, 'fig9_norm_course.png'))
+    print(text)
+    print(f"wrote {os.path.join(args.fig_dir, 'course.md')}, course.csv and {path}")
+
+
+if __name__ == '__main__':
+    try:
+        main()
+    except KeyboardInterrupt:
+        print("norm_course.py: interrupted", file=sys.stderr)
+        sys.exit(130)
