@@ -28,9 +28,9 @@ import sys
 import numpy as np
 
 from data.common import check_writable, write_atomically
-from grid import ATLAS_DESIGN, PREDICTIONS, LogError, group_runs, load_runs, run_grid
+from configs import CONFIGS
+from grid import ATLAS_DESIGN, ATLAS_READOUTS as READOUTS, PREDICTIONS, LogError, group_runs, load_runs, run_grid
 
-READOUTS = ('rmsnorm', 'raw')
 CARRIED = 1.5  # ||h_K|| / ||h_1|| above this: the scale is carried from loop to loop (below: removed)
 LARGE = 100.0  # ||h_K|| above this: large (the scale grew where nothing holds it), below: small
 
@@ -154,7 +154,7 @@ def get_parser():
     p.add_argument('runs', nargs='*', help='run folders or quoted globs to read instead of training the atlas; '
                                            'runs of other conditions are left out')
     p.add_argument('--seeds', type=int, default=3, help='seeds per condition (seeds 1..N)')
-    p.add_argument('--config', default='laptop', help='train.py configuration of the runs')
+    p.add_argument('--config', default='laptop', choices=list(CONFIGS), help='train.py configuration of the runs')
     p.add_argument('--out_root', default=os.path.join('out', 'grid'), help='where the run folders are (and go)')
     p.add_argument('--fig_dir', default=os.path.join('out', 'figures', 'atlas'),
                    help='where the table and figure go (the committed figures/atlas changes only when named here)')
@@ -172,14 +172,23 @@ def main(argv=None):
         check_writable(os.path.join(args.fig_dir, 'atlas.md'))  # before the runs, not after them
     except ValueError as e:
         p.error(str(e))
-    folders = [] if args.runs else run_grid(args.config, range(1, args.seeds + 1), args.out_root, extra, grid='atlas')
+    folders = [] if args.runs else run_grid(args.config, range(1, args.seeds + 1), args.out_root, extra, grid='atlas',
+                                            prog='atlas.py')
     try:
         groups = group_runs(load_runs(args.runs, folders))
     except LogError as e:
         sys.exit(f"atlas.py: error: {e}")
+    groups = {name: runs for name, runs in groups.items() if name in ATLAS_DESIGN}
+    if not groups:
+        sys.exit("atlas.py: error: none of the runs is an atlas condition (grid.ATLAS); train them with atlas.py")
     results = {}
     for name, (design, readout) in ATLAS_DESIGN.items():
-        if name in groups:
+        if name in groups:  # seeds at the condition's furthest evaluation only: means never mix steps
+            last = max(run['records'][-1]['step'] for run in groups[name])
+            behind = [run['folder'] for run in groups[name] if run['records'][-1]['step'] < last]
+            if behind:
+                print(f"left out, behind the other seeds of {name}: {', '.join(behind)}")
+            groups[name] = [run for run in groups[name] if run['records'][-1]['step'] == last]
             results.setdefault(design, {})[readout] = summarize(groups[name])
     text, rows = tables(results)
     buf = io.StringIO()

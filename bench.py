@@ -37,7 +37,7 @@ import torch
 
 from data.common import check_writable, write_atomically
 import train  # bench.py times train.py's training step, so it takes train.py's flags and model config
-from looped import LoopedConfig, LoopedGPT, fmt_mfu, peak_flops, resolve_device, synchronize
+from looped import LoopedConfig, LoopedGPT, condition_name, fmt_mfu, peak_flops, resolve_device, synchronize
 
 
 def peak_rss_mib():
@@ -145,7 +145,7 @@ def main(argv=None):
     else:
         peak, what = peak_rss_mib() - base, 'CPU peak RSS above baseline'
     tok_s = B * T / dt
-    print(f"{config.supervision} {config.readout} K={config.n_loop} d={config.n_embd} L={config.n_layer} "
+    print(f"{condition_name(config.to_dict())} K={config.n_loop} d={config.n_embd} L={config.n_layer} "
           f"V={mine.vocab_size} B={B} T={T}: {model.num_params():,} params | {dt * 1000:.1f} ms/step | "
           f"{tok_s:,.0f} tok/s | MFU {fmt_mfu(tok_s, model.flops_per_token(), peak_flops(device))} | "
           f"peak memory {peak:,.0f} MiB ({what}) | warm-up {warm_s:.1f} s ({mine.warmup} steps"

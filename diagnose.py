@@ -219,7 +219,6 @@ def _exit_run(model, x, y, K, score, threshold, batch_size, device):
     t0 = time.perf_counter()
     for i in range(0, len(x), batch_size):
         xb, yb = x[i:i + batch_size].to(device), y[i:i + batch_size].to(device)
-        targets, h_prev = yb, model.embed(xb)  # the targets and last states of the sequences still in the batch
 
         def leave(k, h_in, h):  # runs inside LoopedGPT.loops after pass k: the exiting rows leave h (and e)
             nonlocal total_ce, total_loops, targets, h_prev
@@ -228,12 +227,14 @@ def _exit_run(model, x, y, K, score, threshold, batch_size, device):
             logp = None if score == 'latent' and k < K else readout_logp(model, h, k)  # (b, T, V)
             done = SCORES[score](logp, h, h_prev).mean(-1) >= threshold if score is not None and k < K \
                 else torch.ones(len(h), dtype=torch.bool, device=h.device)
-            logp = readout_logp(model, h[done], k) if logp is None else logp[done]  # read out only who leaves
-            total_ce += -logp.gather(-1, targets[done].unsqueeze(-1)).sum().item()
+            if done.any():  # read out only who leaves
+                logp = readout_logp(model, h[done], k) if logp is None else logp[done]
+                total_ce += -logp.gather(-1, targets[done].unsqueeze(-1)).sum().item()
             total_loops += k * int(done.sum())
             targets, h_prev = targets[~done], h[~done]
             return h[~done], ~done
-        for k, h in model.loops(model.embed(xb), K, intervene=leave):
+        h_prev, targets = model.embed(xb), yb  # the last states and targets of the sequences still in the batch
+        for k, h in model.loops(h_prev, K, intervene=leave):
             if len(h) == 0:
                 break
     synchronize(device.type)

@@ -1,18 +1,23 @@
 """
-The paper's grid of conditions: what each condition is, training every one for every seed, reading the runs back.
+Grids of conditions: what each condition is, training every one for every seed, reading the runs back.
 
-    python plot_norms.py --run                                # calls run_grid, then draws the figures
+    python plot_norms.py --run                                # the paper's ten conditions, then the figures
     python plot_norms.py --run --config=laptop_long --seeds=8 --conditions=per_loop-rmsnorm,per_loop-alpha
+    python atlas.py                                           # the field's designs (grid 'atlas'), then its table
 
-What is here: the conditions (CONDITIONS: each one's train.py flags; condition_name: the name back from a run's
-config), which conditions and flags each configuration's grid uses, one folder per run, reuse and resume
+What is here: the named grids (GRIDS: 'paper', the paper's ten conditions, CONDITIONS; 'claim4'; 'readouts';
+'atlas', every design of DESIGNS under rmsnorm and raw, with the prediction for each written before its runs,
+PREDICTIONS), each a fixed list of {condition name: train.py flags}, so that declaring a design in looped.py
+changes none of them; the grid each configuration runs by default; one folder per run, reuse and resume
 (rerunning the command never redoes finished work or loses an interrupted run), the child train.py with Ctrl-C
 passed on to it (the child saves a checkpoint, the grid waits for that save, says where it stopped in one line
 and exits 130; the same command continues), and reading a run's log back (load_run, group_runs: the runs of one
-condition together, in CONDITIONS order), which the grid needs to tell a finished run from an interrupted one.
+condition together, in the grids' order), which the grid needs to tell a finished run from an interrupted one.
+A condition's name comes from its model config (looped.condition_name), so a run made by hand is named the same
+way; it is reused by a grid only from the grid's own folder, with the grid's flags (seed 1.., GRID_FLAGS).
 
-Not here: the flags (plot_norms.py parses --run, --seeds, --conditions, --train_args and passes them on), the
-figures and tables (plot_norms.py), the paired statistics (stats.py).
+Not here: the flags (plot_norms.py and atlas.py parse --run, --seeds, --conditions, --train_args and pass them
+on), the figures and tables (plot_norms.py, atlas.py), the paired statistics (stats.py).
 """
 
 import glob
@@ -60,7 +65,8 @@ DESIGNS = {
     'sampled depth': ['--depth_sampling=poisson_lognormal'], 'bptt1': ['--bptt=1'],
     'update / K': ['--residual_scale=inverse_k'],
     # looped_nanochat's defaults at this size: prelude and coda around the core, concat injection, sandwich layers,
-    # a norm after every loop, the sampled loop count (its bptt_k = 4 truncates nothing at K = 4)
+    # a norm after every loop, the sampled loop count; its bptt_k = 4 is left out (at K = 4 it would truncate only
+    # the steps whose drawn count exceeds 4)
     'looped_nanochat': ['--n_prelude=1', '--n_coda=1', '--injection=concat', '--block=sandwich', '--recurrence=normed',
                         '--depth_sampling=poisson_lognormal'],
 }
@@ -87,9 +93,10 @@ PREDICTIONS = {  # design: (scale carried?, level under rmsnorm, level under raw
 }
 # every design under a scale-invariant and a scale-visible readout, per-loop supervision: {name: flags}, and
 # {name: (design, readout)} for the atlas's tables
+ATLAS_READOUTS = ('rmsnorm', 'raw')
 ATLAS, ATLAS_DESIGN = {}, {}
 for _design, _flags in DESIGNS.items():
-    for _readout in ('rmsnorm', 'raw'):
+    for _readout in ATLAS_READOUTS:
         _name = flags_name(['--supervision=per_loop', f'--readout={_readout}', *_flags])
         ATLAS[_name], ATLAS_DESIGN[_name] = ['--supervision=per_loop', f'--readout={_readout}', *_flags], (_design, _readout)
 # Claim 4 (scale control wins at matched depth once training is long enough) compares per-loop runs only.
@@ -104,6 +111,10 @@ DEFAULT_GRID = {'laptop_long': 'claim4', 'laptop_deep': 'readouts'}
 # Grid runs are shorter than single runs: on 'laptop' all ten fit in about 15 minutes on a 2-core CPU.
 GRID_FLAGS = {'laptop': ['--max_iters=200', '--eval_interval=40', '--eval_iters=4'],
               'gpu_char': ['--max_iters=1000', '--eval_interval=100']}
+
+
+# train.py's flags that are not model fields and came after the first logs, with their defaults (see load_run)
+NEWER_FLAGS = {'warmup_iters': 0}
 
 
 class LogError(Exception):
@@ -133,9 +144,12 @@ def load_run(folder):
         raise LogError(f"{folder}: log.jsonl is in an older or unknown format; rerun it with this train.py")
     if not records:
         raise LogError(f"{folder}: log.jsonl has no evaluation yet")
-    cfg = head['config']['model']
+    # flags added since a log was written are at their defaults there, so an older run still pairs with a newer one
+    model_defaults = {f.name: f.default for f in fields(LoopedConfig) if f.name != 'vocab_size'}
+    config = {**model_defaults, **NEWER_FLAGS, **head['config']}
+    config['model'] = cfg = {**model_defaults, **head['config']['model']}
     # K is each run's own: runs of different depths can share one plot
-    return {'folder': folder, 'name': condition_name(cfg), 'config': head['config'], 'records': records, 'K': K}
+    return {'folder': folder, 'name': condition_name(cfg), 'config': config, 'records': records, 'K': K}
 
 
 def load_runs(patterns, folders=()):
@@ -212,9 +226,10 @@ def grid_of(config, grid=None):
     return grid if isinstance(grid, dict) else GRIDS[grid or DEFAULT_GRID.get(config, 'paper')]
 
 
-def run_grid(config, seeds, out_root, extra, names=None, grid=None):
+def run_grid(config, seeds, out_root, extra, names=None, grid=None, prog='plot_norms.py'):
     """Train every condition of the grid (or those named) for every seed, one after another; reuse finished runs,
-    resume interrupted ones. Seed by seed: whatever is finished when the grid is stopped is a complete set of pairs."""
+    resume interrupted ones. Seed by seed: whatever is finished when the grid is stopped is a complete set of pairs.
+    prog: the command that runs it, for its one-line messages."""
     folders, t0, trained, train_s = [], time.time(), 0, 0.0
     conditions = grid_of(config, grid)
     jobs = [(name, conditions[name], seed) for seed in seeds for name in names or conditions]
@@ -228,7 +243,10 @@ def run_grid(config, seeds, out_root, extra, names=None, grid=None):
         if os.path.exists(os.path.join(folder, 'ckpt.pt')):
             try:
                 run = load_run(folder)
-                done = run['records'][-1]['step'] >= run['config']['max_iters']
+                # finished at the step this command asks for (the last --max_iters wins, as in train.py), else at
+                # its own: a longer request resumes the run to it
+                wanted = [int(a.split('=', 1)[1]) for a in cmd if a.startswith('--max_iters=')]
+                done = run['records'][-1]['step'] >= (wanted[-1] if wanted else run['config']['max_iters'])
             except LogError:
                 done = False
             if done:
@@ -251,10 +269,10 @@ def run_grid(config, seeds, out_root, extra, names=None, grid=None):
         last = output.strip().splitlines()[-1] if output.strip() else 'no output'
         if signals:  # the child has saved (or was aborted by a second Ctrl-C): stop the grid, in one line
             last = last.split('; continue with')[0]  # train.py's own advice (--resume) is the grid's to follow, not the user's
-            print(f"plot_norms.py: interrupted during {name} (seed {seed}): {last}; rerun the same command to "
+            print(f"{prog}: interrupted during {name} (seed {seed}): {last}; rerun the same command to "
                   "continue the grid", file=sys.stderr)
             sys.exit(128 + signals[0])
         if returncode != 0:
-            sys.exit(f"plot_norms.py: error: the run for {name} (seed {seed}) failed: {last}")
+            sys.exit(f"{prog}: error: the run for {name} (seed {seed}) failed: {last}")
     print(f"grid done in {(time.time() - t0) / 60:.1f} min")
     return folders

@@ -51,13 +51,15 @@ import torch.nn as nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
-def knob(default, help, choices=None, tag=None, label=None):
+def knob(default, help, choices=None, tag=None, label=None, variant=True):
     """A LoopedConfig field with what the scripts derive from it: argparse choices and help (train.py's flags),
     and, for a variant of the model (any field with choices or a tag), how it names a run when it is not at its
     default: tag + value in the run folder's name (out/laptop-raw-pen0.01; a field with choices uses its value
     alone) and label(value) in the condition's name ('per_loop + rmsnorm + penalty'). Declaring a design here,
-    once, is what gives it a flag, a checkpoint entry, a run name and a row in the grid's tables."""
-    return field(default=default, metadata={'help': help, 'choices': choices, 'tag': tag, 'label': label})
+    once, is what gives it a flag, a checkpoint entry, a run name and a row in the grid's tables. variant=False
+    keeps a field with choices out of conditions and names (an implementation choice, the same model)."""
+    return field(default=default, metadata={'help': help, 'choices': choices, 'tag': tag, 'label': label,
+                                            'variant': variant})
 
 
 @dataclass
@@ -101,7 +103,7 @@ class LoopedConfig:
     # ---- implementation choices (the same model either way, or nearly)
     tie_weights: Optional[bool] = knob(None, "LM head shares the token embedding; unset: tied for init=paper only")
     attention: str = knob('sdpa', "'sdpa' (fused / flash kernels) or 'manual' (the same math, spelled out)",
-                          ('sdpa', 'manual'))
+                          ('sdpa', 'manual'), variant=False)
     norm_eps: float = knob(1e-6, 'epsilon of every RMSNorm, as in the authors\' release')
 
     def __post_init__(self):
@@ -118,6 +120,8 @@ class LoopedConfig:
                 raise ValueError(f"{name}={getattr(self, name)} must be at least 0")
         if self.n_embd % self.n_head != 0:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
+        if not (self.norm_eps > 0 and math.isfinite(self.norm_eps)):
+            raise ValueError(f"norm_eps={self.norm_eps} must be a finite number > 0")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout={self.dropout} must be in [0, 1)")
         if not (self.norm_penalty >= 0.0 and math.isfinite(self.norm_penalty)):
@@ -133,8 +137,9 @@ class LoopedConfig:
 
     @staticmethod
     def variants():
-        """The fields that make a condition (those with choices or a tag), in declaration order."""
-        return [f for f in fields(LoopedConfig) if f.metadata['choices'] or f.metadata['tag']]
+        """The fields that make a condition (those with choices or a tag, but implementation choices), in
+        declaration order."""
+        return [f for f in fields(LoopedConfig) if (f.metadata['choices'] or f.metadata['tag']) and f.metadata['variant']]
 
     def to_dict(self):
         return asdict(self)
@@ -504,7 +509,7 @@ class LoopedGPT(nn.Module):
         """Regional torch.compile, the one place that says what is compiled: each block of the shared stack (one
         graph serves every block and every loop count, since the loop itself stays Python) and head_loss (so
         float32 logits are never written). Checkpoints keep the plain weights: nothing is renamed."""
-        for block in self.blocks:
+        for block in [*self.blocks, *self.prelude, *self.coda]:
             block.compile()
         self.head_loss = torch.compile(self.head_loss)  # an instance attribute that shadows the method
         return self

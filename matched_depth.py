@@ -245,6 +245,8 @@ def main(argv=None):
         for reason in entry['left_out']:
             print(f"left out: {reason}")
     rows = score_rows(groups, curves, args.against) if args.against else matched_rows(paired, curves, args.reference)
+    if not rows:
+        sys.exit("matched_depth.py: error: no run has curves to compare")
     print(write_table(rows, args.fig_dir))
     print(f"wrote {os.path.join(args.fig_dir, 'matched_depth.md')}, matched_depth.csv and {plot(rows, args.fig_dir)}")
 

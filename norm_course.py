@@ -32,6 +32,7 @@ import sys
 
 import numpy as np
 
+from configs import CONFIGS
 from data.common import check_writable, write_atomically
 from grid import LogError, load_runs, run_grid
 from stats import t_quantile
@@ -164,7 +165,7 @@ def get_parser():
     p.error = lambda msg: sys.exit(f"norm_course.py: error: {msg}")
     p.add_argument('runs', nargs='*', help='run folders or quoted globs (default with --run: the COURSE runs)')
     p.add_argument('--run', action='store_true', help='train the COURSE runs first (reusing finished ones)')
-    p.add_argument('--config', default='laptop_10k', help='train.py configuration for --run')
+    p.add_argument('--config', default='laptop_10k', choices=list(CONFIGS), help='train.py configuration for --run')
     p.add_argument('--out_root', default=os.path.join('out', 'course'), help='where --run puts its run folders')
     p.add_argument('--after', type=int, default=1000, help='fit the evaluations from this step on (after the jump)')
     p.add_argument('--fig_dir', default=os.path.join('out', 'figures', 'course'), help='where the table and figure go')
@@ -184,7 +185,7 @@ def main(argv=None):
         check_writable(os.path.join(args.fig_dir, 'course.md'))
     except ValueError as e:
         p.error(str(e))
-    folders = run_grid(args.config, [1], args.out_root, extra, grid=COURSE) if args.run else []
+    folders = run_grid(args.config, [1], args.out_root, extra, grid=COURSE, prog='norm_course.py') if args.run else []
     try:
         runs = load_runs(args.runs, folders)
     except LogError as e:

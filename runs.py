@@ -78,14 +78,16 @@ class Run:
 
     def resume(self, args, given, device):
         """(checkpoint, the model config it was trained with) for --resume. The checkpoint's model wins over
-        --config (resumed_config), and its dataset over the default unless --dataset is typed."""
+        --config (resumed_config), and its dataset and seed over the defaults unless --dataset or --seed is typed
+        (the seed draws a sampled depth's loop counts, so a resumed run draws the same ones)."""
         if not os.path.lexists(self.ckpt_path):  # a run stopped before its first save has nothing to continue
             why = ("the run there stopped before its first save; run the same command without --resume to start it "
                    "afresh" if os.path.lexists(self.log_path) else "there is no run to continue; drop --resume")
             raise RunError(f"no checkpoint at {self.ckpt_path}: {why}")
         ckpt = load_checkpoint(self.ckpt_path, device)
-        if 'dataset' not in given:
-            args.dataset = ckpt['args'].get('dataset', args.dataset)
+        for name in ('dataset', 'seed'):
+            if name not in given:
+                setattr(args, name, ckpt['args'].get(name, getattr(args, name)))
         return ckpt, resumed_config(ckpt, args, given)
 
     def holds_a_run(self):

@@ -69,6 +69,13 @@ MUTATIONS = [
      ['tests/test_designs.py::test_warmup_raises_the_learning_rate_linearly_then_holds_it']),
     ('inverse_k scaling by 1/n_layer', 'looped.py', 'return h + (x - h) / self.config.n_loop if',
      'return h + (x - h) / self.config.n_layer if', ['tests/test_designs.py::test_inverse_k_residual_scale_divides_each_pass_update_by_k']),
+    ('next-token logits of a coda model from the last position alone', 'looped.py',
+     'return self.readout_logits(h if self.coda else h[:, -1:, :], k)[:, -1, :]',
+     'return self.readout_logits(h[:, -1:, :], k)[:, -1, :]',
+     ['tests/test_designs.py::test_the_prelude_runs_once_and_the_coda_at_every_readout']),
+    ('a resumed run draws its depths from the default seed', 'runs.py', "        for name in ('dataset', 'seed'):",
+     "        for name in ('dataset',):",
+     ['tests/test_designs.py::test_sampled_depth_trains_at_the_drawn_count_and_resumes_the_same_sequence']),
     # ---- generation controls
     ('generate ignores top_k', 'looped.py', '            if top_k is not None:', '            if False:',
      ['tests/test_designs.py::test_generate_samples_only_among_the_top_k']),

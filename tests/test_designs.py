@@ -192,13 +192,13 @@ def test_sampled_depth_trains_at_the_drawn_count_and_resumes_the_same_sequence(s
     flags = ['--dataset', small_data, '--n_layer=1', '--n_embd=16', '--n_head=2', '--n_loop=2', '--block_size=16',
              '--batch_size=2', '--eval_iters=1', '--log_interval=1', '--eval_interval=3',
              '--depth_sampling=poisson_lognormal']
-    train.main([*flags, '--out_dir', str(tmp_path / 'a'), '--max_iters=6'])
+    train.main([*flags, '--out_dir', str(tmp_path / 'a'), '--max_iters=6', '--seed=5'])
     whole = drawn_depths(capsys.readouterr().out)
-    train.main([*flags, '--out_dir', str(tmp_path / 'b'), '--max_iters=3'])
-    train.main([*flags, '--out_dir', str(tmp_path / 'b'), '--max_iters=6', '--resume'])
+    train.main([*flags, '--out_dir', str(tmp_path / 'b'), '--max_iters=3', '--seed=5'])
+    train.main([*flags, '--out_dir', str(tmp_path / 'b'), '--max_iters=6', '--resume'])  # the seed is the run's
     resumed = drawn_depths(capsys.readouterr().out)
     config = LoopedConfig(n_loop=2, depth_sampling='poisson_lognormal')
-    assert whole == resumed == [sampled_depth(config, 1337, s) for s in range(6)]
+    assert whole == resumed == [sampled_depth(config, 5, s) for s in range(6)]
     assert len(set(whole)) > 1
 
 
@@ -227,6 +227,17 @@ def test_bptt_cuts_the_gradient_through_the_carried_state_before_the_last_b_pass
         cut = j <= 4 - b  # pass 4 - b + 1 runs on h_{4-b} detached: nothing before it reaches h_4
         zero = g is None or not g.abs().sum().item()
         assert zero == cut, f"bptt={b}: gradient of h_4 through h_{j} {'survived' if not zero else 'was cut'}"
+
+
+def test_bptt_leaves_the_injected_embedding_its_gradient():
+    """With injection, e reaches every pass directly: truncation cuts the carried state only."""
+    model = tiny(n_loop=4, bptt=1, injection='add')
+    x, _ = tokens()
+    h0 = model.embed(x)
+    states = [h for _, h in model.loops(h0, 4)]
+    grads = torch.autograd.grad(states[-1].sum(), [h0, *states[:-1]], allow_unused=True)
+    assert grads[0].abs().sum() > 0, "the injected e lost its gradient"
+    assert all(g is None or not g.abs().sum() for g in grads[1:]), "bptt=1 let gradient through a carried state"
 
 
 @pytest.mark.parametrize('b', [4, 9])
@@ -336,12 +347,33 @@ def test_the_latent_rule_in_generate_watches_the_last_positions_state():
     assert used == [int(np.argmin(changes)) + 1], changes
 
 
+# What the code before the designs (commit 407eef2) computed for tiny() with seed 0 on tokens(): the loss, three
+# logits at the last position and ||h_k||. The defaults must still give exactly these (same draws, same math).
+BEFORE = [({}, 10.599486351013184, [2.688375949859619, 13.639297485351562, 2.5225934982299805],
+           [5.583408355712891, 5.833728790283203, 6.2412919998168945]),
+          ({'init': 'gpt2'}, 2.374295949935913, [-0.07910093665122986, 0.03440166637301445, 0.10734336823225021],
+           [0.10810156166553497, 0.10843951255083084, 0.10915490984916687]),
+          ({'recurrence': 'normed', 'readout': 'raw', 'supervision': 'terminal'}, 10.719040870666504,
+           [3.4080591201782227, 15.060771942138672, 3.0049312114715576],
+           [5.583408355712891, 4.274403095245361, 4.487105846405029])]
+
+
+@pytest.mark.parametrize('kw, loss, logits, norms', BEFORE)
+def test_the_default_designs_compute_what_the_model_computed_before_them(kw, loss, logits, norms):
+    x, y = tokens()
+    out, got, stats = tiny(**kw)(x, y)
+    assert got.item() == pytest.approx(loss, rel=1e-6)
+    assert out[0, -1, :3].tolist() == pytest.approx(logits, rel=1e-5)
+    assert stats['hidden_norm'].tolist() == pytest.approx(norms, rel=1e-6)
+
+
 def test_a_checkpoint_written_before_the_designs_loads_and_computes_the_same(tmp_path):
-    """A checkpoint's config from before the design fields existed (none of them in it) loads as the default
-    model it was: the same weights and the same logits."""
+    """A checkpoint's config from before the design fields existed (the fields as of commit 407eef2) loads as the
+    default model it was: the same weights and the same logits."""
+    before = ('vocab_size', 'block_size', 'n_embd', 'n_head', 'n_layer', 'n_loop', 'dropout', 'readout', 'alpha',
+              'recurrence', 'supervision', 'norm_penalty', 'init', 'mlp', 'tie_weights', 'attention', 'norm_eps')
     model = tiny().eval()
-    designs = ('injection', 'n_prelude', 'n_coda', 'block', 'depth_sampling', 'bptt')
-    old_config = {k: v for k, v in model.config.to_dict().items() if k not in designs}
+    old_config = {k: model.config.to_dict()[k] for k in before}
     torch.save({'model': model.state_dict(), 'config': old_config, 'step': 1}, tmp_path / 'ckpt.pt')
     loaded, _ = LoopedGPT.from_checkpoint(str(tmp_path / 'ckpt.pt'))
     x, _ = tokens()

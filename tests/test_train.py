@@ -18,6 +18,7 @@ import bench
 import diagnose
 import faults
 import matched_depth
+import norm_course
 import plot_norms
 import sample
 import train
@@ -311,7 +312,7 @@ def test_every_readme_command_parses():
             spec.loader.exec_module(module)
             module.get_parser().parse_args(argv)
         else:
-            {'sample': sample, 'plot_norms': plot_norms, 'diagnose': diagnose, 'atlas': atlas,
+            {'sample': sample, 'plot_norms': plot_norms, 'diagnose': diagnose, 'atlas': atlas, 'norm_course': norm_course,
              'matched_depth': matched_depth}[script].get_parser().parse_args(argv)
         seen.add(script)
     assert {'train', 'sample', 'plot_norms', 'diagnose', 'bench', '-m data.shakespeare_char.prepare'} <= seen, seen
@@ -323,7 +324,8 @@ def test_readme_flags_exist_and_the_concept_table_matches_the_defaults():
     import importlib
     sys.path.insert(0, os.path.join(ROOT, 'assignments'))
     parsers = [train.get_parser(), sample.get_parser(), diagnose.get_parser(), plot_norms.get_parser(),
-               bench.own_parser(), faults.get_parser(), matched_depth.get_parser(), atlas.get_parser()]
+               bench.own_parser(), faults.get_parser(), matched_depth.get_parser(), atlas.get_parser(),
+               norm_course.get_parser()]
     parsers += [importlib.import_module(m).get_parser() for m in ('data.shakespeare_char.prepare', 'data.shakespeare.prepare',
                 'data.wikitext103.prepare', 'make_student', 'check_answers', 'mutations')]
     known = {opt for parser in parsers for action in parser._actions for opt in action.option_strings}
