@@ -107,13 +107,13 @@ def tables(results):
 
 
 def plot(groups, names, path, title):
-    """fig8_atlas.png: ||h_K|| against training step on log axes, one panel per design, both readouts (mean over
-    seeds, a band from the lowest to the highest seed)."""
+    """fig8_atlas.png: ||h_K|| against training step (log norm axis, from step 0: the initialization), one panel
+    per design, both readouts (mean over seeds, a band from the lowest to the highest seed)."""
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     designs = list(dict.fromkeys(d for d, _ in names.values()))
-    cols = 5
+    cols = 4
     rows = -(-len(designs) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(3.3 * cols, 2.8 * rows), sharex=True, sharey=True, squeeze=False)
     styles = {'rmsnorm': ('#D55E00', '-'), 'raw': ('#0072B2', '--')}
@@ -127,13 +127,12 @@ def plot(groups, names, path, title):
             K = runs[0]['K']
             norms = np.array([[r['hidden_norm'][K - 1] for r in run['records'][:n]] for run in runs])
             color, ls = styles[readout]
-            keep = steps > 0  # log axes: step 0 (the initialization) is left out
-            ax.plot(steps[keep], norms.mean(0)[keep], color=color, ls=ls, marker='o', ms=2.5,
-                    label=f"{readout} ({len(runs)} seeds)")
-            ax.fill_between(steps[keep], norms.min(0)[keep], norms.max(0)[keep], color=color, alpha=0.15)
-        ax.set(title=design, xscale='log', yscale='log')
+            ax.plot(steps, norms.mean(0), color=color, ls=ls, marker='o', ms=2.5, label=f"{readout} ({len(runs)} seeds)")
+            ax.fill_between(steps, norms.min(0), norms.max(0), color=color, alpha=0.15)
+        ax.set(title=design, yscale='log')
         ax.grid(True, which='both', alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.lines:
+            ax.legend(fontsize=7)
     for ax in axes.flat[len(designs):]:
         ax.axis('off')
     for ax in axes[-1]:
