@@ -46,4 +46,4 @@ def test_the_bad_input_table_is_checked_row_by_row():
     assert len(rows) >= 20
     for cmd, (code, line) in rows:
         assert plan(cmd, (code, line)) == ('run', cmd, '', (code, line))  # run as written: the failure is the point
-        assert code == 1 and re.match(r'(train|sample|diagnose|plot_norms|prepare)\.py: error: ', line), line
+        assert code == 1 and re.match(r'(train|sample|diagnose|plot_norms|atlas|norm_course|prepare)\.py: error: ', line), line
