@@ -133,7 +133,8 @@ def table(rows, after):
 
 
 def plot(runs, rows, after, path):
-    """fig9_norm_course.png: ||h_K|| against step, log-log, one line per run, each fit dashed over its range."""
+    """fig9_norm_course.png: ||h_K|| against step, log-log (step 0 at 1), one line per run, each fit dashed over
+    its range."""
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
@@ -141,17 +142,21 @@ def plot(runs, rows, after, path):
     colors = plt.rcParams['axes.prop_cycle'].by_key()['color']
     for i, (run, row) in enumerate(zip(runs, rows)):
         steps, norms = (np.array(v, dtype=float) for v in course(run))
-        keep = steps > 0
         color = colors[i % len(colors)]
-        ax.plot(steps[keep], norms[keep], 'o-', ms=2.5, color=color, label=row['run'])
+        # step 0 (the initialization) as a lone cross at step 1, the log axis's left edge: the jump from it shows,
+        # and no line suggests a path between it and the first evaluation that nobody measured
+        ax.plot(steps[steps > 0], norms[steps > 0], 'o-', ms=2.5, color=color, label=row['run'])
+        ax.plot(np.ones((steps == 0).sum()), norms[steps == 0], 'x', ms=7, color=color)
         f = row['fit']
         if f is not None:
             xs = np.geomspace(f['first'], f['last'], 20)
             ax.plot(xs, [f['predict'](x)[0] for x in xs], '--', color=color, lw=1.2,
                     label=f"  fit from {after}: b = {f['b']:+.2f} [{f['lo']:+.2f}, {f['hi']:+.2f}]")
     ax.axvline(after, color='grey', lw=0.8, ls=':')
-    ax.set(xscale='log', yscale='log', xlabel='training step', ylabel='‖h_K‖ (validation, mean over tokens)',
-           title='The norm over long training: the first steps\' jump, then the course after it (dotted: fit start)')
+    ax.set(xscale='log', yscale='log', xlabel='training step (x at the left edge: step 0, the initialization)',
+           ylabel='‖h_K‖ (validation, mean over tokens)',
+           title='‖h_K‖ over long training: the jump in the first steps, then the course after it\n'
+                 f'(dashed: the power law fitted from step {after}, dotted line)')
     ax.grid(True, which='both', alpha=0.3)
     ax.legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
