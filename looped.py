@@ -6,8 +6,8 @@ h_k is read out through the LM head (so it can be supervised: "per-loop" or "den
 also fed back into the next loop. The paper this reproduces ("Dense Supervision Is Not Enough: The
 Readout Blind Spot in Looped Language Models", Sharma & Vu, 2026) shows that a scale-invariant readout
 (RMSNorm or LayerNorm before the head) hides ||h_k|| from the loss, while the pre-norm residual loop keeps
-carrying and growing it. The variants below are the knobs that expose or remove that blind spot (each is one LoopedConfig field, with
-its choices; train.py has a flag of the same name for every field):
+carrying and growing it. The variants below are the knobs that expose or remove that blind spot (each is one
+LoopedConfig field, with its choices; train.py has a flag of the same name for every field):
 
     readout      rmsnorm | layernorm   scale-invariant: the loss cannot see ||h||
                  raw                   no norm: the head sees the scale, so the loss controls it
@@ -139,7 +139,8 @@ class LoopedConfig:
     def variants():
         """The fields that make a condition (those with choices or a tag, but implementation choices), in
         declaration order."""
-        return [f for f in fields(LoopedConfig) if (f.metadata['choices'] or f.metadata['tag']) and f.metadata['variant']]
+        return [f for f in fields(LoopedConfig)
+                if (f.metadata['choices'] or f.metadata['tag']) and f.metadata['variant']]
 
     def to_dict(self):
         return asdict(self)
@@ -557,7 +558,8 @@ class LoopedGPT(nn.Module):
             for k, h in self.loops(h0, K):
                 logp = F.log_softmax(self.next_logits(h, k).float(), dim=-1)  # (B, V): next token only
                 h_last = h[:, -1, :]                                  # (B, C): the state the latent rule watches
-                if exit_rule is not None and exit_passes(exit_rule, exit_threshold, logp, logp_prev, h_last, h_prev).all():
+                if exit_rule is not None and \
+                        exit_passes(exit_rule, exit_threshold, logp, logp_prev, h_last, h_prev).all():
                     break
                 logp_prev, h_prev = logp, h_last
             loops_used.append(k)

@@ -7,7 +7,7 @@ Generate text from a trained looped model, at its trained loop count or any othe
     python sample.py --out_dir=... --start=FILE:prompt.txt
     python sample.py --out_dir=out/laptop --exit=kl --exit_threshold=0.01        # stop looping early per token
     python sample.py --exit=confidence --exit_threshold=0.6 --show_depth         # see which tokens needed more loops
-    python sample.py --exit=latent --exit_threshold=0.05    # exit when the hidden state stops changing
+    python sample.py --exit=latent --exit_threshold=0.2    # exit when the hidden state stops changing
 
 Not here: the exit rules themselves (looped.py: exit_passes) and their calibration and measured speed
 (diagnose.py). It needs only looped.py beside it.
@@ -93,7 +93,7 @@ def get_parser():
                    help='early exit per token: confidence (top probability >= threshold), kl (KL between '
                         'successive loops <= threshold) or latent (relative change of the hidden state <= threshold)')
     p.add_argument('--exit_threshold', type=float, default=None,
-                   help='threshold of --exit (e.g. 0.9 for confidence, 0.01 for kl, 0.05 for latent; diagnose.py calibrates one)')
+                   help='threshold of --exit (e.g. 0.9 for confidence, 0.01 for kl, 0.2 for latent; diagnose.py calibrates one)')
     p.add_argument('--show_depth', action='store_true',
                    help='mark every generated token with the loop at which it exited (colours in a terminal, '
                         'a line of digits under the text otherwise)')
