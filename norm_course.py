@@ -2,13 +2,14 @@
 The norm's course over long training: ||h_K|| against step on log-log axes, the transient told apart from the
 growth, and a power law fitted to what comes after the transient, extrapolated to the paper's token count.
 
-    python norm_course.py --run                           # train the six long runs (about 5 hours on 2 cores), then fit
+    python norm_course.py --run                                 # train the seven long runs (hours), then fit
     python norm_course.py --run --fig_dir=figures/laptop_10k    # the committed table and figure
     python norm_course.py 'out/course/*' --after=2000     # fit runs you have, from a later step on
 
---run trains COURSE (laptop_10k: rmsnorm and raw at the demo's 3e-3 and the paper's 3e-4, and both with a
-500-step warmup at 3e-3) through grid.run_grid, one run at a time: finished runs are reused, interrupted ones
-resumed (Ctrl-C saves; the same command continues, across sessions too), so the runs can be trained in pieces.
+--run trains COURSE (laptop_10k: rmsnorm and raw at the demo's 3e-3 and the paper's 3e-4; two ablations of the
+first steps at 3e-3, a 500-step warmup under rmsnorm and nanoGPT's small initialization, --init=gpt2, under both
+readouts) through grid.run_grid, one run at a time: finished runs are reused, interrupted ones resumed (Ctrl-C
+saves; the same command continues, across sessions too), so the runs can be trained in pieces.
 
 The fit, per run: log ||h_K|| = a + b log(step) by least squares over the evaluations at step >= --after, with
 the 95% t interval of the power b (n - 2 degrees of freedom), and the fitted law read at the paper's token count
@@ -44,8 +45,10 @@ COURSE = {
     'raw-lr3e-3': ['--readout=raw', '--learning_rate=3e-3'],
     'rmsnorm-lr3e-4': ['--readout=rmsnorm', '--learning_rate=3e-4'],
     'raw-lr3e-4': ['--readout=raw', '--learning_rate=3e-4'],
+    # the ablations of the first steps: a gentler rate (it did not remove the jump), then a smaller initialization
     'rmsnorm-lr3e-3-warmup500': ['--readout=rmsnorm', '--learning_rate=3e-3', '--warmup_iters=500'],
-    'raw-lr3e-3-warmup500': ['--readout=raw', '--learning_rate=3e-3', '--warmup_iters=500'],
+    'rmsnorm-lr3e-3-gpt2init': ['--readout=rmsnorm', '--learning_rate=3e-3', '--init=gpt2'],
+    'raw-lr3e-3-gpt2init': ['--readout=raw', '--learning_rate=3e-3', '--init=gpt2'],
 }
 PAPER_TOKENS = 4 * (100_000_000 // 128) // 64 * 64 * 256  # 4 epochs of windows at stride 128, batch 64 x 256
 PAPER_RMS = 39_000 / math.sqrt(512)  # the paper's headline ||h_K|| at d = 512, as an RMS
@@ -97,8 +100,10 @@ def rows_of(runs, after):
         paper_step = PAPER_TOKENS / tokens_per_step
         f = fit(steps, norms, after)
         early = [v for s, v in zip(steps, norms) if 0 < s <= 500]
-        row = {'run': label(run), 'lr': c['learning_rate'], 'warmup': c.get('warmup_iters', 0), 'd': m['n_embd'],
-               'last_step': steps[-1], 'last': norms[-1], 'peak_early': max(early) if early else math.nan,
+        row = {'run': label(run), 'lr': c['learning_rate'], 'warmup': c.get('warmup_iters', 0), 'init': m['init'],
+               'd': m['n_embd'], 'last_step': steps[-1], 'last': norms[-1],
+               'loss': run['records'][-1]['val_loss'][run['K'] - 1],  # at depth K, the depth it was trained for
+               'peak_early': max(early) if early else math.nan,
                'fit': f, 'paper_step': paper_step}
         if f is not None:
             v, lo, hi = f['predict'](paper_step)
@@ -109,20 +114,22 @@ def rows_of(runs, after):
 
 def table(rows, after):
     """course.md's text and course.csv's rows."""
-    head = ['run', 'lr', 'warmup', 'steps', 'peak ‖h_K‖ in steps 1-500', 'last ‖h_K‖', f'fit from step {after}: points',
-            'power b [95% t]', "at the paper's tokens: ‖h_K‖ RMS [95%]", 'paper RMS']
+    head = ['run', 'lr', 'warmup', 'init', 'steps', 'val loss at K', 'peak ‖h_K‖ in steps 1-500', 'last ‖h_K‖',
+            f'fit from step {after}: points', 'power b [95% t]', "at the paper's tokens: ‖h_K‖ RMS [95%]",
+            'paper RMS']
     lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
-    out = [['run', 'lr', 'warmup', 'last_step', 'peak_early', 'last', 'n', 'b', 'b_lo', 'b_hi', 'paper_step',
-            'rms', 'rms_lo', 'rms_hi']]
+    out = [['run', 'lr', 'warmup', 'init', 'last_step', 'val_loss', 'peak_early', 'last', 'n', 'b', 'b_lo', 'b_hi',
+            'paper_step', 'rms', 'rms_lo', 'rms_hi']]
     for r in rows:
         f = r['fit']
         fitted = ['too few points', '', ''] if f is None else [
             f"{f['n']} ({f['first']}-{f['last']})", f"{f['b']:+.3f} [{f['lo']:+.3f}, {f['hi']:+.3f}]",
             "{:.0f} [{:.0f}, {:.0f}]".format(*r['paper_rms'])]
-        lines.append('| ' + ' | '.join([r['run'], f"{r['lr']:g}", str(r['warmup']), str(r['last_step']),
-                                        f"{r['peak_early']:.1f}", f"{r['last']:.1f}", *fitted,
+        lines.append('| ' + ' | '.join([r['run'], f"{r['lr']:g}", str(r['warmup']), r['init'], str(r['last_step']),
+                                        f"{r['loss']:.3f}", f"{r['peak_early']:.1f}", f"{r['last']:.1f}", *fitted,
                                         f"{PAPER_RMS:.0f}"]) + ' |')
-        out.append([r['run'], r['lr'], r['warmup'], r['last_step'], f"{r['peak_early']:.2f}", f"{r['last']:.2f}"]
+        out.append([r['run'], r['lr'], r['warmup'], r['init'], r['last_step'], f"{r['loss']:.4f}",
+                    f"{r['peak_early']:.2f}", f"{r['last']:.2f}"]
                    + ([''] * 4 if f is None else [f['n'], f"{f['b']:.4f}", f"{f['lo']:.4f}", f"{f['hi']:.4f}"])
                    + [f"{r['paper_step']:.0f}"] + ([''] * 3 if f is None else [f"{v:.1f}" for v in r['paper_rms']]))
     text = (f"Power law log ‖h_K‖ = a + b log(step) fitted from step {after} on (least squares, 95% t interval "
