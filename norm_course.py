@@ -9,7 +9,9 @@ growth, and a power law fitted to what comes after the transient, extrapolated t
 --run trains COURSE (laptop_10k: rmsnorm and raw at the demo's 3e-3 and the paper's 3e-4; two ablations of the
 first steps at 3e-3, a 500-step warmup under rmsnorm and nanoGPT's small initialization, --init=gpt2, under both
 readouts) through grid.run_grid, one run at a time: finished runs are reused, interrupted ones resumed (Ctrl-C
-saves; the same command continues, across sessions too), so the runs can be trained in pieces.
+saves; the same command continues, across sessions too), so the runs can be trained in pieces. The committed
+runs were trained two at a time instead, each single-threaded, with the train.py line the grid gives each (its
+COURSE flags, --seed=1, its folder under out/course/laptop_10k/): docs/results.md says how long that took.
 
 The fit, per run: log ||h_K|| = a + b log(step) by least squares over the evaluations at step >= --after, with
 the 95% t interval of the power b (n - 2 degrees of freedom), and the fitted law read at the paper's token count
@@ -112,6 +114,11 @@ def rows_of(runs, after):
     return rows
 
 
+def short(v):
+    """A number for the table: whole above 10, two significant digits below (a raw run's RMS is under 1)."""
+    return f"{v:.0f}" if v >= 10 else f"{v:.2g}"
+
+
 def table(rows, after):
     """course.md's text and course.csv's rows."""
     head = ['run', 'lr', 'warmup', 'init', 'steps', 'val loss at K', 'peak ‖h_K‖ in steps 1-500', 'last ‖h_K‖',
@@ -124,7 +131,7 @@ def table(rows, after):
         f = r['fit']
         fitted = ['too few points', '', ''] if f is None else [
             f"{f['n']} ({f['first']}-{f['last']})", f"{f['b']:+.3f} [{f['lo']:+.3f}, {f['hi']:+.3f}]",
-            "{:.0f} [{:.0f}, {:.0f}]".format(*r['paper_rms'])]
+            "{} [{}, {}]".format(*map(short, r['paper_rms']))]
         lines.append('| ' + ' | '.join([r['run'], f"{r['lr']:g}", str(r['warmup']), r['init'], str(r['last_step']),
                                         f"{r['loss']:.3f}", f"{r['peak_early']:.1f}", f"{r['last']:.1f}", *fitted,
                                         f"{PAPER_RMS:.0f}"]) + ' |')

@@ -72,7 +72,7 @@ def shrink(cmd):
         cmd = append(r'plot_norms\.py', '--exit_windows=4', cmd)
     if re.search(r'atlas\.py(?! \')', cmd):  # the atlas trains all twenty conditions: one seed of 4 steps each
         cmd = append(r'atlas\.py', f"--seeds=1 --train_args='{TINY_TRAIN}'", cmd)
-    if 'norm_course.py' in cmd and '--run' in cmd:  # the six 10,000-step runs: 4 steps each, fitted from step 1
+    if 'norm_course.py' in cmd and '--run' in cmd:  # the seven 10,000-step runs: 4 steps each, fitted from step 1
         cmd = append(r'norm_course\.py', f"--after=1 --train_args='{TINY_TRAIN}'", cmd)
     cmd = append(r'(?<!\w)train\.py', TINY_TRAIN + (' --batch_size=2 --block_size=64' if 'gpu_char' in cmd else ''), cmd)
     cmd = append(r'diagnose\.py', '--max_windows=4 --diag_windows=2 --lemma_loops=3', cmd)

@@ -1,5 +1,7 @@
 """norm_course.py: the power-law fit of ||h_K|| against step, and the command on tiny runs."""
 
+import csv
+import json
 import math
 import os
 
@@ -41,8 +43,11 @@ def test_the_command_fits_and_draws_runs_it_is_given(small_data, tmp_path, capsy
     norm_course.main([str(tmp_path / 'rmsnorm'), str(tmp_path / 'raw'), '--after=2', '--fig_dir', str(figs)])
     text = (figs / 'course.md').read_text()
     assert '| rmsnorm |' in text and '| raw |' in text and os.path.getsize(figs / 'fig9_norm_course.png') > 10_000
-    rows = (figs / 'course.csv').read_text().splitlines()
-    assert len(rows) == 3 and math.isfinite(float(rows[1].split(',')[7]))  # a finite power for each run
+    rows = list(csv.DictReader(open(figs / 'course.csv')))
+    assert [r['run'] for r in rows] == ['rmsnorm', 'raw'] and all(math.isfinite(float(r['b'])) for r in rows)
+    # the loss column is the last evaluation's at depth K (2 loops here), not at 2K, from the run's own log
+    last = [r for r in map(json.loads, open(tmp_path / 'raw' / 'log.jsonl')) if 'val_loss' in r][-1]
+    assert float(rows[1]['val_loss']) == pytest.approx(last['val_loss'][1], abs=1e-4) and rows[1]['init'] == 'paper'
     with pytest.raises(SystemExit) as e:
         norm_course.main([])
     assert 'name run folders to fit' in str(e.value.code)
