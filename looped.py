@@ -28,20 +28,17 @@ The other looped LMs (Huginn, looped_nanochat, nanoLOOP) build the loop in ways 
     depth_sampling fixed | poisson_lognormal   training only: a loop count drawn per step (sampled_depth)
     bptt         int                   gradient through the last bptt passes only; 0: all (pass_input)
     residual_scale none | inverse_k    each pass's update scaled by 1/K (loop_step)
-    exit rules   confidence | kl | latent      at inference: exit_passes (sample.py --exit, diagnose.py)
+    exit rules   confidence | kl | latent      at inference: exit_passes (sample.py --exit, lab/diagnose.py)
 
 In every variant h_k is the output of pass k before any inter-loop norm or coda: it is what is carried, read
 out, penalized and logged (LoopedGPT.loops is the one place that runs the passes).
 
-Importing this file has no side effects. Besides the model it holds the two things every script needs:
-loading a checkpoint (LoopedGPT.from_checkpoint) and choosing the device (resolve_device).
+Importing this file has no side effects. It is the model alone: checkpoints and run names live in lab/runs.py,
+the device in lab/runtime.py.
 """
 
 import math
-import os
-import pickle
-import warnings
-from contextlib import nullcontext
+import zlib
 from dataclasses import asdict, dataclass, field, fields
 from typing import Optional
 
@@ -51,15 +48,16 @@ import torch.nn as nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
-def knob(default, help, choices=None, tag=None, label=None, variant=True):
-    """A LoopedConfig field with what the scripts derive from it: argparse choices and help (train.py's flags),
-    and, for a variant of the model (any field with choices or a tag), how it names a run when it is not at its
-    default: tag + value in the run folder's name (out/laptop-raw-pen0.01; a field with choices uses its value
-    alone) and label(value) in the condition's name ('per_loop + rmsnorm + penalty'). Declaring a design here,
-    once, is what gives it a flag, a checkpoint entry, a run name and a row in the grid's tables. variant=False
-    keeps a field with choices out of conditions and names (an implementation choice, the same model)."""
+def knob(default, help, choices=None, tag=None, label=None, named=None, variant=True):
+    """A LoopedConfig field and what the scripts derive from it: argparse choices and help (train.py's flags) and,
+    for a variant of the model (a field with choices or a tag), its names when it is not at its default: tag +
+    value in the run folder's name (out/laptop-pen0.01; without a tag the field's own name, out/laptop-readout_raw)
+    and label, a format string of the value v, in the condition's name ('per_loop + rmsnorm + penalty 0.1';
+    default ' + {v}', or ' + <tag>{v}'). named: values whose condition name is fixed instead. Declaring a design
+    here, once, gives it a flag, a checkpoint entry, a run name and a row in the tables (lab/runs.py derives the
+    names). variant=False keeps a field with choices out of conditions and names (an implementation choice)."""
     return field(default=default, metadata={'help': help, 'choices': choices, 'tag': tag, 'label': label,
-                                            'variant': variant})
+                                            'named': named or {}, 'variant': variant})
 
 
 @dataclass
@@ -78,20 +76,19 @@ class LoopedConfig:
     readout: str = knob('rmsnorm', 'what the LM head sees of h_k (table at the top of looped.py)',
                         ('rmsnorm', 'layernorm', 'raw', 'final_norm', 'alpha'))
     alpha: Optional[float] = knob(None, "readout=alpha only: unset learns alpha, a number in [0, 1] fixes it "
-                                  "(1 = raw, 0 = scale-invariant)", tag='alpha', label=lambda v: f" {v:g}")
+                                  "(1 = raw, 0 = scale-invariant)", tag='alpha', label=' {v}')
     norm_penalty: float = knob(0.0, 'lambda in lambda * mean_k mean(h_k^2); the paper uses 0.01', tag='pen',
-                               label=lambda v: ' + penalty' if v == 0.01 else f" + penalty {v:g}")
+                               label=' + penalty {v}', named={0.01: ' + penalty'})
     recurrence: str = knob('residual', 'what the next loop starts from: h_k, or RMSNorm(h_k)', ('residual', 'normed'))
-    init: str = knob('paper', "'paper': the authors' PyTorch-default recipe; 'gpt2': nanoGPT's; see _init_weights",
-                     ('paper', 'gpt2'), label=lambda v: f" ({v} init)")
+    init: str = knob('paper', "'paper': the authors' PyTorch-default recipe; 'gpt2': nanoGPT's; 'paper_small_embed': "
+                     "the paper's with the embeddings at gpt2's scale; see _init_weights",
+                     ('paper', 'gpt2', 'paper_small_embed'), label=' ({v} init)')
     mlp: str = knob('swiglu', 'SwiGLU (the paper) or GELU (GPT-2), both with hidden width 4d', ('swiglu', 'gelu'))
     # ---- the field's designs (Huginn, looped_nanochat, nanoLOOP build the loop these ways)
     injection: str = knob('none', "what each pass starts from besides the carried state: nothing, h + e, or W [h; e] "
                           "(W initialised to [I | 0]); e = the embedding after the prelude", ('none', 'add', 'concat'))
-    n_prelude: int = knob(0, 'unshared layers applied once, before the loop', tag='prelude',
-                          label=lambda v: f" + prelude{v}")
-    n_coda: int = knob(0, "unshared layers applied to each loop's state on its way to the readout", tag='coda',
-                       label=lambda v: f" + coda{v}")
+    n_prelude: int = knob(0, 'unshared layers applied once, before the loop', tag='prelude')
+    n_coda: int = knob(0, "unshared layers applied to each loop's state on its way to the readout", tag='coda')
     block: str = knob('prenorm', "every layer: x + f(norm(x)), or sandwich: norm(x + f(norm(x))) for each sublayer",
                       ('prenorm', 'sandwich'))
     depth_sampling: str = knob('fixed', 'training only: every step trains K loops, or a loop count drawn from a '
@@ -99,7 +96,7 @@ class LoopedConfig:
     residual_scale: str = knob('none', "'inverse_k': each pass's update scaled by 1/K, h_in + (pass(h_in) - h_in) / K "
                                "(arXiv 2606.18524's fix for residual growth)", ('none', 'inverse_k'))
     bptt: int = knob(0, 'backprop through the last bptt loops only (the carried state detached before them); 0: all',
-                     tag='bptt', label=lambda v: f" + bptt{v}")
+                     tag='bptt')
     # ---- implementation choices (the same model either way, or nearly)
     tie_weights: Optional[bool] = knob(None, "LM head shares the token embedding; unset: tied for init=paper only")
     attention: str = knob('sdpa', "'sdpa' (fused / flash kernels) or 'manual' (the same math, spelled out)",
@@ -108,7 +105,7 @@ class LoopedConfig:
 
     def __post_init__(self):
         if self.tie_weights is None:
-            self.tie_weights = self.init == 'paper'
+            self.tie_weights = self.init != 'gpt2'
         for f in fields(self):
             if f.metadata['choices'] and getattr(self, f.name) not in f.metadata['choices']:
                 raise ValueError(f"{f.name}={getattr(self, f.name)!r} is not one of {', '.join(f.metadata['choices'])}")
@@ -146,23 +143,6 @@ class LoopedConfig:
         return asdict(self)
 
 
-def condition_name(cfg):
-    """A model's condition from its config as a dict (to_dict(), or the one in a run's log): 'supervision +
-    readout', then the label of every other variant not at its default ('per_loop + rmsnorm + normed'); a field
-    that an older log lacks is at its default."""
-    name = f"{cfg['supervision']} + {cfg['readout']}"
-    for f in LoopedConfig.variants():
-        value = cfg.get(f.name, f.default)
-        if f.name in ('supervision', 'readout') or value == f.default:
-            continue
-        label = f.metadata['label'] or ((lambda v: f" + {v}") if f.metadata['choices'] else
-                                        (lambda v, tag=f.metadata['tag']: f" + {tag}{v:g}"))
-        name += label(value)
-    return name
-
-
-# the allowed values of each variant, as the scripts import them (declared once, in the fields above)
-READOUTS, RECURRENCES, SUPERVISIONS = (LoopedConfig.choices(n) for n in ('readout', 'recurrence', 'supervision'))
 EXITS = ('confidence', 'kl', 'latent')  # early-exit rules at inference, see exit_passes
 
 
@@ -330,42 +310,38 @@ class LoopedGPT(nn.Module):
         self._init_weights()
 
     def _init_weights(self):
-        # Two recipes, because initialization decides whether the blind spot shows on short runs:
+        # Three recipes, because initialization decides whether the blind spot shows on short runs:
         # 'paper' is the authors' release: PyTorch's own defaults, i.e. nn.Linear U(-1/sqrt(fan_in), +1/sqrt(fan_in)),
         #   nn.Embedding N(0, 1) and norms at gain 1, with the LM head tied to the N(0, 1) token embedding.
         #   Embeddings of RMS 1 and logits in the tens make the norm run away within the first hundred steps.
         # 'gpt2' is nanoGPT's: N(0, 0.02) everywhere, residual output projections scaled down by
         #   sqrt(2 * unrolled depth) so the sum of all residual writes starts small; the head is untied.
-        #   With it the blind spot takes far longer to show (README: "Where this differs from the paper").
-        # Under both, the injection adapter W starts as [I | 0], so that W [h; e] = h: at step 0 'concat' computes
-        #   exactly what 'none' does (nanoLOOP's and looped_nanochat's identity start), and training learns how much
-        #   of e to let in.
-        if self.config.init == 'gpt2':  # under 'paper' the constructors above already applied PyTorch's defaults
-            depth = self.config.n_layer * self.config.n_loop
-            for name, p in self.named_parameters():
-                if p.dim() < 2:
-                    continue  # norm gains stay at 1, the alpha readout's scalars at their own start
+        #   With it the blind spot takes far longer to show (docs/results.md: "Where this differs from the paper").
+        # 'paper_small_embed' is 'paper' with the two embeddings (and so the tied head) at gpt2's N(0, 0.02): the
+        #   ablation that tells the embedding's scale apart from the rest of gpt2's recipe.
+        # Under all three, the injection adapter W starts as [I | 0], so that W [h; e] = h: at step 0 'concat'
+        #   computes exactly what 'none' does (nanoLOOP's and looped_nanochat's identity start), and training learns
+        #   how much of e to let in.
+        # Every redrawn weight has a generator of its own, seeded by the run's seed and the weight's name: a
+        # parameter added anywhere never shifts another's draw, as one shared stream in construction order would.
+        # ('paper' keeps PyTorch's stream in the constructors above: it is the default, and its numbers are pinned.)
+        c, seed = self.config, torch.initial_seed()
+        depth = c.n_layer * c.n_loop
+        for name, p in self.named_parameters():
+            if c.init == 'gpt2' and p.dim() >= 2:  # norm gains stay at 1, the alpha readout's scalars at their start
                 std = 0.02 / math.sqrt(2 * depth) if name.endswith('c_proj.weight') else 0.02
-                nn.init.normal_(p, mean=0.0, std=std)
+            elif c.init == 'paper_small_embed' and name in ('wte.weight', 'wpe.weight'):
+                std = 0.02
+            else:
+                continue
+            draw = torch.Generator().manual_seed(seed ^ zlib.crc32(name.encode()))
+            with torch.no_grad():
+                p.copy_(torch.randn(p.shape, generator=draw) * std)
         if self.adapter is not None:
             with torch.no_grad():
-                d = self.config.n_embd
+                d = c.n_embd
                 self.adapter.weight.zero_()
                 self.adapter.weight[:, :d].copy_(torch.eye(d))
-
-    @classmethod
-    def from_checkpoint(cls, path, device='cpu'):
-        """(model in eval mode on device, checkpoint dict) from a ckpt.pt or a run folder that holds one.
-        ValueError with a one-line message when it is missing or unreadable."""
-        path = os.path.join(path, 'ckpt.pt') if os.path.isdir(path) else path
-        ckpt = load_checkpoint(path, device)
-        try:
-            model = cls(LoopedConfig(**ckpt['config']))
-            model.load_state_dict(ckpt['model'])
-        except (TypeError, RuntimeError) as e:  # a config with unknown fields, or weights of another shape
-            raise ValueError(f"checkpoint {path}: its weights do not fit its own config ({type(e).__name__}: "
-                             f"{str(e).strip().splitlines()[0][:150]})") from None
-        return model.to(device).eval(), ckpt
 
     def num_params(self):
         """Unique parameters: the shared stack counts once however many times it is looped (and a tied
@@ -411,7 +387,7 @@ class LoopedGPT(nn.Module):
         recurrence pass k + 1 starts from RMSNorm(h_k) (so there is no norm before pass 1, and after the last
         pass it changes nothing); with 'residual' it starts from h_k itself, scale and all. Each pass runs on
         pass_input (the injection and truncation designs). intervene(k, h_in, h_k) -> h_k, if given, may change
-        each pass's output before it is used (diagnose.py's radial clamps); to drop rows from the batch (the
+        each pass's output before it is used (lab/diagnose.py's radial clamps); to drop rows from the batch (the
         exit benchmark) it returns (h_k, keep) with keep a bool mask of the rows kept, and e follows them."""
         e = h
         for k in range(1, n_loop + 1):
@@ -516,27 +492,30 @@ class LoopedGPT(nn.Module):
         return self
 
     def flops_per_token(self, n_loop=None):
-        """Training FLOPs per token (forward + backward = 6 per parameter per token, as in the PaLM paper):
-        the shared stack (and the injection adapter) counts once per loop, the prelude once, the coda and the LM
-        head once per readout that has a loss, and attention's score and value matmuls (12 * layers * d * T,
-        nanoGPT's convention) once per layer run."""
+        """Training FLOPs per token (forward + backward = 6 per parameter use per token, as in the PaLM paper),
+        counted module by module: the shared stack and the injection adapter once per loop, the prelude once, the
+        coda once per readout that has a loss, the readout's and inter-loop norm's gains once; the LM head's
+        matmul once per such readout (tied or not; the embeddings are lookups), and attention's score and value
+        matmuls (12 * layers * d * T, nanoGPT's convention) once per layer run. A module with parameters that is
+        not in the table below is an error: a new design says how often a token uses it."""
         c = self.config
         K = n_loop or c.n_loop
-        count = lambda modules: sum(p.numel() for m in modules for p in m.parameters())
-        n_loop_p = count(self.blocks) + (self.adapter.weight.numel() if self.adapter is not None else 0)
-        n_pre, n_coda = count(self.prelude), count(self.coda)
-        n_embed = self.wte.weight.numel() + self.wpe.weight.numel() + (0 if c.tie_weights else self.lm_head.weight.numel())
-        n_other = self.num_params() - n_loop_p - n_pre - n_coda - n_embed  # readout and inter-loop norm parameters
         readouts = K if c.supervision == 'per_loop' else 1
+        uses = {'blocks': K, 'adapter': K, 'prelude': 1, 'coda': readouts, 'readout': 1, 'inter_norm': 1,
+                'wte': 0, 'wpe': 0, 'lm_head': 0}  # lm_head: its matmul is counted on its own below
+        unknown = [n for n, _ in self.named_parameters() if n.split('.')[0] not in uses]
+        if unknown:
+            raise ValueError(f"flops_per_token: no count for {', '.join(unknown)}; add its module to uses")
+        n_uses = sum(uses[name] * sum(p.numel() for p in m.parameters()) for name, m in self.named_children()
+                     if name in uses)
         layers = K * c.n_layer + c.n_prelude + readouts * c.n_coda
-        return (6 * (K * n_loop_p + n_pre + readouts * n_coda + n_other) + 6 * readouts * c.vocab_size * c.n_embd
-                + 12 * layers * c.n_embd * c.block_size)
+        return 6 * n_uses + 6 * readouts * c.vocab_size * c.n_embd + 12 * layers * c.n_embd * c.block_size
 
     def configure_optimizers(self, weight_decay, learning_rate, device_type):
         # 'paper': the authors decay every parameter (embeddings and norm gains too); 'gpt2': nanoGPT decays
         # only matrices. Betas are PyTorch's defaults, as in the authors' release.
         params = [p for p in self.parameters() if p.requires_grad]
-        if self.config.init == 'paper':
+        if self.config.init != 'gpt2':
             groups = [{'params': params, 'weight_decay': weight_decay}]
         else:
             groups = [{'params': [p for p in params if p.dim() >= 2], 'weight_decay': weight_decay},
@@ -578,7 +557,7 @@ def exit_passes(rule, threshold, logp, logp_prev, h=None, h_prev=None):
     the threshold or below; 'latent' when the state's relative change ||h_k - h_{k-1}|| / ||h_{k-1}|| does
     (Huginn's and looped_nanochat's training-free rule). Where logp_prev or h_prev is None there is nothing to
     compare with, and the rule does not pass: 'kl' never passes at loop 1, while 'latent' can, since generate and
-    diagnose.py pass h_0 (the embedding) as the state before loop 1. Returns a bool tensor of shape (...)."""
+    lab/diagnose.py pass h_0 (the embedding) as the state before loop 1. Returns a bool tensor of shape (...)."""
     if rule == 'confidence':
         return logp.max(dim=-1).values.exp() >= threshold
     if (logp_prev if rule == 'kl' else h_prev) is None:
@@ -607,87 +586,3 @@ def sampled_depth(config, seed, step):
     sigma = 0.5
     tau = rng.normal(math.log(K - 1) - sigma ** 2 / 2, sigma)
     return int(min(max(rng.poisson(math.exp(tau)) + 1, 1), 2 * K))
-
-
-# ---- running it: checkpoints and devices, shared by every script ----
-
-def load_checkpoint(path, device='cpu'):
-    """The checkpoint dict that train.py saved; ValueError with a one-line message when it is missing or
-    unreadable (the file itself is never touched). Loaded with weights_only=True: tensors, dicts, lists,
-    numbers and strings only, so a checkpoint from someone else can never run code here."""
-    if not os.path.exists(path):
-        raise ValueError(f"no checkpoint at {path}")
-    try:
-        with warnings.catch_warnings():  # torch warns about pickle protocols on the way to its own clear error
-            warnings.simplefilter('ignore')
-            ckpt = torch.load(path, map_location=device, weights_only=True)
-        missing = {'model', 'config', 'step'} - set(ckpt)
-    except pickle.UnpicklingError as e:
-        if 'GLOBAL ' in str(e) or 'Unsupported global' in str(e):  # names a class: how pickles run code
-            raise ValueError(f"checkpoint {path} holds objects other than tensors and plain data; refused, since "
-                             "loading it could run code") from None
-        raise ValueError(f"checkpoint {path} is unreadable (truncated or corrupt?): UnpicklingError") from None
-    except Exception as e:
-        raise ValueError(f"checkpoint {path} is unreadable (truncated or corrupt?): {type(e).__name__}") from None
-    if missing:
-        raise ValueError(f"checkpoint {path} lacks {', '.join(sorted(missing))}; not a looped checkpoint")
-    return ckpt
-
-
-@dataclass
-class Runtime:
-    device: str          # 'cpu', 'cuda', 'cuda:1', 'mps'
-    device_type: str     # 'cpu', 'cuda' or 'mps': what torch.autocast and the optimizer want
-    dtype: str           # 'float32' or 'bfloat16' (the autocast dtype; weights stay fp32)
-    compile: bool        # regional torch.compile (LoopedGPT.compile_regions)
-    autocast: object     # a context manager: bf16 autocast, or nothing
-
-    def describe(self):
-        return f"device: {self.device} | dtype: {self.dtype} | compile: {self.compile}"
-
-
-# Dense bf16 peak FLOP/s by GPU name, for MFU; anything else prints n/a rather than a guess.
-PEAK_FLOPS = {'H100': 989e12, 'H200': 989e12, 'A100': 312e12}
-
-
-def peak_flops(device):
-    if not str(device).startswith('cuda'):
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((v for k, v in PEAK_FLOPS.items() if k in name), None)
-
-
-def fmt_mfu(tokens_per_s, flops_per_token, peak):
-    """Model FLOPs utilization: the share of the device's peak that the model's own FLOPs use."""
-    return 'n/a' if peak is None else f"{100 * tokens_per_s * flops_per_token / peak:.1f}%"
-
-
-def synchronize(device_type):
-    """Wait for the device's queued work (a no-op on a CPU), so that a timer measures the work itself."""
-    {'cuda': torch.cuda.synchronize, 'mps': torch.mps.synchronize}.get(device_type, lambda: None)()
-
-
-def resolve_device(device='auto', dtype='auto', compile='auto'):
-    """The one place where device, dtype and compile are decided (every script calls it). 'auto' means: CUDA,
-    else MPS, else CPU; bf16 autocast on CUDA only; compile on CUDA only (on a CPU it costs about 30 s and
-    gains nothing at this size). ValueError with a one-line message for a device this machine does not have."""
-    if device == 'auto':
-        device = 'cuda' if torch.cuda.is_available() else 'mps' if torch.backends.mps.is_available() else 'cpu'
-    try:
-        device_type = torch.device(device).type
-    except RuntimeError:
-        raise ValueError(f"unknown device {device!r}: use auto, cpu, cuda, cuda:N or mps") from None
-    if device_type == 'cuda' and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r}: torch sees no CUDA GPU here")
-    if device_type == 'mps' and not torch.backends.mps.is_available():
-        raise ValueError(f"device {device!r}: MPS (Apple GPU) is not available here")
-    if device_type not in ('cpu', 'cuda', 'mps'):
-        raise ValueError(f"device {device!r}: only cpu, cuda and mps are supported")
-    if dtype == 'auto':
-        dtype = 'bfloat16' if device_type == 'cuda' and torch.cuda.is_bf16_supported() else 'float32'
-    if device_type == 'cuda':
-        torch.backends.cuda.matmul.allow_tf32 = True  # TF32 for any fp32 matmul that autocast leaves alone
-        torch.backends.cudnn.allow_tf32 = True
-    # bf16 autocast: weights and the residual stream stay fp32, matmuls run in bf16
-    ctx = torch.autocast(device_type, dtype=torch.bfloat16) if dtype == 'bfloat16' else nullcontext()
-    return Runtime(device, device_type, dtype, device_type == 'cuda' if compile == 'auto' else bool(compile), ctx)

@@ -1,7 +1,7 @@
 """
-The paper's figures and tables from training logs (out/*/log.jsonl); with --run, grid.py trains the runs first.
+The paper's figures and tables from training logs (out/*/log.jsonl); with --run, lab/grid.py trains the runs first.
 
-    python plot_norms.py out/laptop out/laptop-raw 'out/grid/laptop/*' --fig_dir=figures/mine   # runs you have
+    python plot_norms.py out/laptop out/laptop-readout_raw 'out/grid/laptop/*' --fig_dir=figures/mine   # runs you have
     python plot_norms.py --run                                # train the grid (laptop, 1 seed), then draw
     python plot_norms.py --run --config=gpu_char --seeds=3    # on a GPU; rerun to continue after Ctrl-C
 
@@ -12,8 +12,8 @@ table.csv (per condition, mean +- std over seeds; table.md's second table and pa
 differences), and from each run's checkpoint the timed early-exit benchmark (exit_table.md, fig4_pareto;
 time it on an otherwise idle machine). Every run is read at its own K (the n_loop in its log header).
 
-Not here: training and reading the runs (grid.py), which runs are pairs and their t intervals (stats.py), the
-early-exit measurement (diagnose.py: exit_results, exit_summary, plot_pareto).
+Not here: training and reading the runs (lab/grid.py), which runs are pairs and their t intervals (lab/stats.py), the
+early-exit measurement (lab/diagnose.py: exit_results, exit_summary, plot_pareto).
 """
 
 import argparse
@@ -29,11 +29,11 @@ import numpy as np
 matplotlib.use('Agg')  # files only; no display needed (before pyplot is imported)
 import matplotlib.pyplot as plt  # noqa: E402
 
-import diagnose
-from configs import CONFIGS
+from lab import diagnose
+from lab.configs import CONFIGS
 from data.common import check_writable, write_atomically
-from grid import GRIDS, LogError, grid_of, group_runs, load_runs, run_grid, slug
-from stats import LEVEL, REFERENCE, pair_up, paired_diffs, paired_rows, paired_stats, progress
+from lab.grid import GRIDS, LogError, grid_of, group_runs, load_runs, run_grid, slug
+from lab.stats import LEVEL, REFERENCE, pair_up, paired_diffs, paired_rows, paired_stats, progress
 
 # Okabe-Ito colours (colour-blind safe; its yellow swapped for a darker wine, which reads on white) with
 # line styles and markers, so the figures also read in grey.

@@ -10,7 +10,7 @@ Generate text from a trained looped model, at its trained loop count or any othe
     python sample.py --exit=latent --exit_threshold=0.2    # exit when the hidden state stops changing
 
 Not here: the exit rules themselves (looped.py: exit_passes) and their calibration and measured speed
-(diagnose.py). It needs only looped.py beside it.
+(lab/diagnose.py). It needs only looped.py beside it.
 """
 
 import argparse
@@ -19,7 +19,9 @@ import sys
 
 import torch
 
-from looped import EXITS, LoopedGPT, condition_name, resolve_device
+from lab.runs import condition_name, load_model
+from lab.runtime import resolve_device
+from looped import EXITS
 
 
 def get_codec(meta):
@@ -93,7 +95,7 @@ def get_parser():
                    help='early exit per token: confidence (top probability >= threshold), kl (KL between '
                         'successive loops <= threshold) or latent (relative change of the hidden state <= threshold)')
     p.add_argument('--exit_threshold', type=float, default=None,
-                   help='threshold of --exit (e.g. 0.9 for confidence, 0.01 for kl, 0.2 for latent; diagnose.py calibrates one)')
+                   help='threshold of --exit (e.g. 0.9 for confidence, 0.01 for kl, 0.2 for latent; lab/diagnose.py calibrates one)')
     p.add_argument('--show_depth', action='store_true',
                    help='mark every generated token with the loop at which it exited (colours in a terminal, '
                         'a line of digits under the text otherwise)')
@@ -117,7 +119,7 @@ def main(argv=None):
 
     try:
         device = resolve_device(args.device).device  # sampling runs in fp32 and uncompiled on any device
-        model, ckpt = LoopedGPT.from_checkpoint(args.out_dir, device)
+        model, ckpt = load_model(args.out_dir, device)
         config = model.config
         encode, decode = get_codec(ckpt['meta'])
         start = args.start

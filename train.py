@@ -1,7 +1,7 @@
 """
 Train a looped transformer LM and log the per-loop hidden-state norms that the paper is about.
 
-The laptop demo (2-core CPU, about 3 minutes each); each run writes its own folder (out/laptop, out/laptop-raw...):
+The laptop demo (2-core CPU, about 3 minutes each); each run writes its own folder (out/laptop, out/laptop-readout_raw...):
     python train.py --readout=rmsnorm --norm_penalty=0      # the blind spot: ||h_K|| climbs
     python train.py --readout=raw                           # scale visible to the loss: ||h_K|| stays small
     python train.py --norm_penalty=0.01                     # explicit penalty
@@ -14,9 +14,9 @@ Continue an interrupted run (same flags), or extend it:
 Several processes (each takes one micro-step per optimizer step unless --grad_accum says otherwise):
     torchrun --standalone --nproc_per_node=2 train.py --device=cpu
 
-Not here: the model (looped.py), the named configurations (configs.py), the run folder's promises (runs.py:
-lock, saves, resume, signals), the datasets (data/), a grid of runs and its figures (grid.py, plot_norms.py),
-measurements of a trained model (diagnose.py).
+Not here: the model (looped.py), the named configurations (lab/configs.py), the run folder's promises (lab/runs.py:
+lock, saves, resume, signals), the datasets (data/), a grid of runs and its figures (lab/grid.py, plot_norms.py),
+measurements of a trained model (lab/diagnose.py).
 """
 
 import argparse
@@ -31,11 +31,12 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import runs
-from configs import CONFIGS
+from lab import runs
+from lab.configs import CONFIGS
 from data import DATASETS, find_dataset
 from data.common import check_same_data, read_dataset
-from looped import LoopedConfig, LoopedGPT, condition_name, fmt_mfu, peak_flops, resolve_device, sampled_depth
+from lab.runtime import check_replicas, end_distributed, fmt_mfu, peak_flops, resolve_device, setup_distributed
+from looped import LoopedConfig, LoopedGPT, sampled_depth
 
 
 def str2bool(s):
@@ -80,7 +81,7 @@ def get_parser():
                    help=f"one of {', '.join(DATASETS)} (folders under data/), or a path to a folder with "
                         "train.bin, val.bin and meta.json")
     p.add_argument('--out_dir', default=None, help='default: out/<config>, plus every variant flag that is not at its '
-                                                   'default: out/laptop-raw, out/laptop-terminal-pen0.01, ...')
+                                                   'default: out/laptop-readout_raw, out/laptop-supervision_terminal-pen0.01, ...')
     p.add_argument('--resume', type=str2bool, nargs='?', const=True, default=False, help='continue the run in out_dir')
     p.add_argument('--overwrite', type=str2bool, nargs='?', const=True, default=False,
                    help='start afresh even if out_dir already holds a run (its ckpt.pt and log.jsonl are replaced)')
@@ -123,11 +124,8 @@ def parse_args(argv=None):
                            ('seed', 0 <= args.seed < 2 ** 63, 'between 0 and 2**63 - 1')):
         if not ok:
             parser.error(f"--{name}={getattr(args, name)} must be {want}")
-    if args.out_dir is None:  # named by the variant flags that differ from their defaults: out/laptop-raw-pen0.01
-        parts = [args.config] + [f"{f.metadata['tag'] or ''}{getattr(args, f.name):g}" if f.metadata['tag']
-                                 else getattr(args, f.name) for f in LoopedConfig.variants()
-                                 if getattr(args, f.name) != f.default]
-        args.out_dir = os.path.join('out', '-'.join(parts))
+    if args.out_dir is None:  # named by the variant flags that differ from their defaults
+        args.out_dir = runs.run_name(args.config, vars(args))
     return args
 
 
@@ -200,50 +198,6 @@ def evaluate(model, batches, n_loop, ctx):
     return (ce / n).tolist(), (norm / n).tolist()
 
 
-# ---- several processes (torchrun): the process group, and the check that it did its job
-
-def setup_distributed(rt):
-    """Under torchrun (RANK is set): join the process group, NCCL with one GPU per process or gloo on CPUs.
-    Returns (rank, world size); (0, 1) for a plain run."""
-    if 'RANK' not in os.environ:
-        return 0, 1
-    if not dist.is_initialized():
-        dist.init_process_group(backend='nccl' if rt.device_type == 'cuda' else 'gloo')
-    if rt.device_type == 'cuda':
-        rt.device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
-        torch.cuda.set_device(rt.device)
-    return dist.get_rank(), dist.get_world_size()
-
-
-def end_distributed(ok):
-    """Leave the process group, if any: after a barrier when the run ended well, so that no process tears the
-    group down while another still uses it."""
-    if not dist.is_initialized():
-        return
-    if ok:
-        dist.barrier()
-    dist.destroy_process_group()
-    # gloo's threads let go of the last collectives' tensors a moment after they complete, and need the GIL for
-    # it; a process that exits first aborts in Python's shutdown (SIGABRT in 3 of 39 two-process runs on CPU,
-    # torch 2.13; none in 100 with this sleep, which hands them the GIL)
-    time.sleep(0.05)
-
-
-def check_replicas(raw_model, world, say):
-    """The point of DDP: every process ends with the same weights; compared here tensor by tensor with rank 0's."""
-    if world == 1:
-        return
-    differ = 0
-    for p in raw_model.parameters():
-        theirs = p.detach().clone()
-        dist.broadcast(theirs, src=0)
-        differ += int(not torch.equal(theirs, p.detach()))
-    differ = torch.tensor([differ])
-    dist.all_reduce(differ)
-    say(f"weights identical on all {world} processes: {differ.item() == 0} "
-        f"({len(list(raw_model.parameters()))} tensors compared with rank 0's)")
-
-
 def setup(args, given):
     """Everything checked before out_dir is touched, so that bad input never harms an earlier run: the device and
     processes, the batch split, the checkpoint to resume (whose model wins over --config), the data."""
@@ -308,12 +262,12 @@ def main(argv=None):
     say(rt.describe() + (' (auto: on for CUDA only)' if args.compile == 'auto' else '') + ddp)
     model, raw_model, optimizer, state = build(args, config, rt, rank, world, ckpt, data, say)
     say(f"{args.out_dir}: {raw_model.num_params():,} parameters, {config.n_layer} layers x {config.n_loop} loops, "
-        f"{condition_name(config.to_dict())}; global batch {global_batch} = {args.batch_size} "
+        f"{runs.condition_name(config.to_dict())}; global batch {global_batch} = {args.batch_size} "
         f"x {micro_steps} micro-steps x {world} processes, {global_batch * config.block_size:,} tokens/step, "
         f"{raw_model.flops_per_token() / 1e6:.1f} MFLOPs/token")
     if world > 1:  # every process has checked out_dir and read its checkpoint before rank 0 writes there
         dist.barrier()
-    try:  # the run folder's promises (one run per folder, saves before logs, what a signal does) live in runs.py
+    try:  # the run folder's promises (one run per folder, saves before logs, what a signal does) live in lab/runs.py
         if master:
             header = {'config': {**vars(args), 'model': config.to_dict(), 'num_params': raw_model.num_params()},
                       'data': data.identity}

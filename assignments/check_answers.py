@@ -22,17 +22,17 @@ KEY = os.path.join(HERE, 'key', 'key.json')  # the instructor's key; a student c
 
 # key -> (question, run folder under --runs, step the question names, flags the run must have, what to read)
 CHECKS = {
-    'a5_normed_norm_loop1': ('A5 Q3', 'laptop-normed', 500, {'recurrence': 'normed', 'norm_penalty': 0.0},
+    'a5_normed_norm_loop1': ('A5 Q3', 'laptop-recurrence_normed', 500, {'recurrence': 'normed', 'norm_penalty': 0.0},
                              lambda r, K: r['hidden_norm'][0]),
-    'a5_normed_norm_loop4': ('A5 Q3', 'laptop-normed', 500, {'recurrence': 'normed', 'norm_penalty': 0.0},
+    'a5_normed_norm_loop4': ('A5 Q3', 'laptop-recurrence_normed', 500, {'recurrence': 'normed', 'norm_penalty': 0.0},
                              lambda r, K: r['hidden_norm'][K - 1]),
     'a5_rmsnorm_norm_K': ('A5 Q1', 'laptop', 500, {'readout': 'rmsnorm', 'norm_penalty': 0.0, 'recurrence': 'residual'},
                           lambda r, K: r['hidden_norm'][K - 1]),
     'a5_penalty_norm_K': ('A5 Q1', 'laptop-pen0.01', 500, {'readout': 'rmsnorm', 'norm_penalty': 0.01},
                           lambda r, K: r['hidden_norm'][K - 1]),
-    'a6_alpha_per_loop': ('A6 Q2', 'laptop-alpha', 500, {'readout': 'alpha', 'supervision': 'per_loop'},
+    'a6_alpha_per_loop': ('A6 Q2', 'laptop-readout_alpha', 500, {'readout': 'alpha', 'supervision': 'per_loop'},
                           lambda r, K: r['alpha']),
-    'a6_alpha_terminal': ('A6 Q2', 'laptop-terminal-alpha', 500, {'readout': 'alpha', 'supervision': 'terminal'},
+    'a6_alpha_terminal': ('A6 Q2', 'laptop-supervision_terminal-readout_alpha', 500, {'readout': 'alpha', 'supervision': 'terminal'},
                           lambda r, K: r['alpha']),
 }
 

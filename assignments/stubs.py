@@ -1,14 +1,14 @@
 """
 Which functions each assignment asks students to write, by file and qualified name. make_student.py replaces
 the bodies of exactly these (docstring and signature kept) with a NotImplementedError, so the reference code
-in looped.py and diagnose.py carries no markers of its own. Keep this list and the handout in step.
+in looped.py and lab/diagnose.py carries no markers of its own. Keep this list and the handout in step.
 """
 
 ASSIGNMENTS = {
     'a1': ('Readouts and scale invariance',
            ['looped.py::RMSNorm.forward', 'looped.py::Readout.forward']),
     'a2': ('The zero radial gradient, in closed form',
-           ['diagnose.py::rmsnorm_radial_grad']),
+           ['lab/diagnose.py::rmsnorm_radial_grad']),
     'a3': ('The loop: residual and normed recurrence',
            ['looped.py::LoopedGPT.loops']),
     'a4': ('Dense versus terminal supervision',
@@ -18,5 +18,5 @@ ASSIGNMENTS = {
     'a6': ('The alpha readout',
            ['looped.py::AlphaNorm.forward']),
     'a7': ('Calibrated early exit',
-           ['looped.py::exit_passes', 'diagnose.py::exit_depths', 'diagnose.py::calibrate_exit']),
+           ['looped.py::exit_passes', 'lab/diagnose.py::exit_depths', 'lab/diagnose.py::calibrate_exit']),
 }

@@ -1,5 +1,5 @@
 """
-The datasets train.py and diagnose.py read: each one a folder under data/ with train.bin and val.bin (uint16
+The datasets train.py and lab/diagnose.py read: each one a folder under data/ with train.bin and val.bin (uint16
 token ids) and meta.json (the vocabulary, and a hash of each split), written by that folder's prepare script:
 
     python -m data.shakespeare_char.prepare      # characters of tiny Shakespeare (the text ships; prepared on first use)

@@ -70,14 +70,14 @@ def shrink(cmd):
         cmd = append(r'plot_norms\.py', flags, cmd)
     elif 'plot_norms.py' in cmd and '--exit_windows=0' not in cmd:
         cmd = append(r'plot_norms\.py', '--exit_windows=4', cmd)
-    if re.search(r'atlas\.py(?! \')', cmd):  # the atlas trains all twenty conditions: one seed of 4 steps each
-        cmd = append(r'atlas\.py', f"--seeds=1 --train_args='{TINY_TRAIN}'", cmd)
-    if 'norm_course.py' in cmd and '--run' in cmd:  # the seven 10,000-step runs: 4 steps each, fitted from step 1
-        cmd = append(r'norm_course\.py', f"--after=1 --train_args='{TINY_TRAIN}'", cmd)
+    if re.search(r'lab\.atlas(?! \')', cmd):  # the atlas trains all twenty conditions: one seed of 4 steps each
+        cmd = append(r'lab\.atlas', f"--seeds=1 --train_args='{TINY_TRAIN}'", cmd)
+    if 'lab.norm_course' in cmd and '--run' in cmd:  # the seven 10,000-step runs: 4 steps each, fitted from step 1
+        cmd = append(r'lab\.norm_course', f"--after=1 --train_args='{TINY_TRAIN}'", cmd)
     cmd = append(r'(?<!\w)train\.py', TINY_TRAIN + (' --batch_size=2 --block_size=64' if 'gpu_char' in cmd else ''), cmd)
-    cmd = append(r'diagnose\.py', '--max_windows=4 --diag_windows=2 --lemma_loops=3', cmd)
+    cmd = append(r'lab\.diagnose', '--max_windows=4 --diag_windows=2 --lemma_loops=3', cmd)
     cmd = append(r'sample\.py', '--num_samples=1 --max_new_tokens=20', cmd)
-    cmd = append(r'bench\.py(?! --suite)', '--steps=2 --warmup=1', cmd)
+    cmd = append(r'lab\.bench(?! --suite)', '--steps=2 --warmup=1', cmd)
     cmd = append(r'tests/faults\.py', '--kills=1 --interrupts=1', cmd)
     cmd = append(r'tests/mutations\.py(?! --only)', '--only=kl', cmd)
     return cmd, '; '.join(notes)
@@ -136,7 +136,7 @@ def plan(cmd, documented=None):
 def written_files(cmd):
     """The files the documentation says cmd leaves behind (relative to the repository)."""
     flag = lambda name, default=None: (re.search(rf'--{name}=(\S+)', cmd) or [None, default])[1]
-    if 'bench.py --suite' in cmd:
+    if 'lab.bench --suite' in cmd:
         return [flag('json', 'out/bench_suite.json')]
     if re.search(r'(?<!\w)train\.py', cmd) and '$' not in cmd and not re.search('paper_', cmd):
         out = flag('out_dir')
@@ -145,7 +145,7 @@ def written_files(cmd):
         fig_dir = flag('fig_dir') or (os.path.join('out', 'figures', flag('config', 'laptop')) if '--run' in cmd
                                       else os.path.join('out', 'figures'))
         return [os.path.join(fig_dir, 'table.md'), os.path.join(fig_dir, 'fig1_norm_explosion.png')]
-    if 'diagnose.py' in cmd and re.search(r'--only=(all|lemma)|^(?!.*--only)', cmd):
+    if 'lab.diagnose' in cmd and re.search(r'--only=(all|lemma)|^(?!.*--only)', cmd):
         return [flag('fig') or os.path.join(flag('out_dir', 'out/laptop'), 'lemma.png')]
     return []
 

@@ -1,11 +1,11 @@
-"""atlas.py: the designs' table (each prediction beside its measurement) and figure, from run folders."""
+"""lab/atlas.py: the designs' table (each prediction beside its measurement) and figure, from run folders."""
 
 import os
 
 import pytest
 
-import atlas
-import grid
+from lab import atlas
+from lab import grid
 import train
 
 TINY = ['--n_layer=1', '--n_embd=16', '--n_head=2', '--n_loop=2', '--block_size=16', '--batch_size=2',

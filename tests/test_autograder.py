@@ -133,13 +133,13 @@ def test_a_fresh_student_copy_scores_zero(archive, tmp_path):
 
 
 def test_a_broken_submission_scores_zero_with_a_reason(archive, tmp_path):
-    """looped.py that does not parse and no diagnose.py: every grader fails to import, and results.json says
+    """looped.py that does not parse and no lab/diagnose.py: every grader fails to import, and results.json says
     why for every test instead of the run crashing without one."""
     zip_path, manifest = archive
     results = run_autograder(zip_path, tmp_path, {'looped.py': 'def oops(:\n'})
     assert results['score'] == 0 and len(results['tests']) == sum(len(a['tests']) for a in manifest['assignments'])
     assert all('could not be imported' in t['output'] for t in results['tests'])
-    assert 'diagnose.py is not in the submission' in results['output']
+    assert 'lab/diagnose.py is not in the submission' in results['output']
 
 
 def test_submitted_files_are_found_once_and_only_once(tmp_path):

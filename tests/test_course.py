@@ -1,4 +1,4 @@
-"""norm_course.py: the power-law fit of ||h_K|| against step, and the command on tiny runs."""
+"""lab/norm_course.py: the power-law fit of ||h_K|| against step, and the command on tiny runs."""
 
 import csv
 import json
@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-import norm_course
+from lab import norm_course
 import train
 
 TINY = ['--n_layer=1', '--n_embd=16', '--n_head=2', '--n_loop=2', '--block_size=16', '--batch_size=2',

@@ -1,6 +1,6 @@
 """The instructor check for assignments/: the student copy (no answers in it), graders that cannot pass
 vacuously and that catch known wrong implementations (the mutation suite), answer checking, the handout's
-diagnose.py commands."""
+lab/diagnose.py commands."""
 
 import ast
 import glob
@@ -257,7 +257,7 @@ def test_make_student_refuses_to_run_from_a_stripped_copy(tmp_path):
 
 
 def test_reference_files_carry_no_solution_markers():
-    for path in ('looped.py', 'diagnose.py'):
+    for path in ('looped.py', 'lab/diagnose.py'):
         with open(os.path.join(ROOT, path)) as f:
             text = f.read()
         assert not re.search(r'\ba[1-8]\b|assignment|solution|student|TODO', text, flags=re.I), path
@@ -277,7 +277,7 @@ def test_check_answers_compares_with_the_students_own_runs(tmp_path, capsys):
     write_log(tmp_path / 'laptop', [{'step': 100, 'hidden_norm': [9, 9, 9, 1305.6]},
                                     {'step': 500, 'hidden_norm': [1, 2, 3, 930.7]}])
     write_log(tmp_path / 'laptop-pen0.01', [{'step': 500, 'hidden_norm': [1, 2, 3, 30.0]}], norm_penalty=0.01)
-    write_log(tmp_path / 'laptop-alpha', [{'step': 500, 'hidden_norm': [1, 2, 3, 4], 'alpha': 0.3071}], readout='alpha')
+    write_log(tmp_path / 'laptop-readout_alpha', [{'step': 500, 'hidden_norm': [1, 2, 3, 4], 'alpha': 0.3071}], readout='alpha')
     answers = tmp_path / 'ANSWERS.md'
     answers.write_text('a5_rmsnorm_norm_K = 931\na5_penalty_norm_K = 45\na6_alpha_per_loop = ?\n')
     assert check_answers.main([str(answers), '--runs', str(tmp_path), '--key', str(tmp_path / 'none.json')]) == 1
@@ -292,14 +292,14 @@ def test_check_answers_compares_with_the_students_own_runs(tmp_path, capsys):
 def test_check_answers_refuses_a_run_that_has_not_reached_the_step(tmp_path, capsys):
     """A run still at step 100 (or trained for fewer steps) cannot answer a question about step 500."""
     write_log(tmp_path / 'laptop', [{'step': 100, 'hidden_norm': [1, 2, 3, 1305.6]}])
-    write_log(tmp_path / 'laptop-alpha', [{'step': 100, 'alpha': 0.446}], max_iters=100, readout='alpha')
+    write_log(tmp_path / 'laptop-readout_alpha', [{'step': 100, 'alpha': 0.446}], max_iters=100, readout='alpha')
     write_log(tmp_path / 'laptop-pen0.01', [{'step': 500, 'hidden_norm': [1, 2, 3, 30.0]}])  # no penalty: wrong flags
     answers = tmp_path / 'ANSWERS.md'
     answers.write_text('a5_rmsnorm_norm_K = 1305.6\na6_alpha_per_loop = 0.446\na5_penalty_norm_K = 30\n')
     assert check_answers.main([str(answers), '--runs', str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert re.search(r'a5_rmsnorm_norm_K\s+not checked: laptop stopped at step 100 of 500', out), out
-    assert re.search(r'a6_alpha_per_loop\s+not checked: laptop-alpha was trained for --max_iters=100', out), out
+    assert re.search(r'a6_alpha_per_loop\s+not checked: laptop-readout_alpha was trained for --max_iters=100', out), out
     assert re.search(r'a5_penalty_norm_K\s+not checked: .*--norm_penalty=0.0', out), out
     assert '0 of 6' in out
 
@@ -307,7 +307,7 @@ def test_check_answers_refuses_a_run_that_has_not_reached_the_step(tmp_path, cap
 def test_check_answers_compares_with_the_key(tmp_path, capsys):
     """A number that matches the student's own (broken) run but lies outside the key's range is not ok, and the
     range is not printed."""
-    write_log(tmp_path / 'laptop-alpha', [{'step': 500, 'alpha': 0.93}], readout='alpha')
+    write_log(tmp_path / 'laptop-readout_alpha', [{'step': 500, 'alpha': 0.93}], readout='alpha')
     answers = tmp_path / 'ANSWERS.md'
     answers.write_text('a6_alpha_per_loop = 0.93\n')
     assert check_answers.main([str(answers), '--runs', str(tmp_path)]) == 1  # the real key
@@ -326,7 +326,7 @@ def test_handout_diagnose_commands_work_without_a2_and_without_the_timed_benchma
                                                                                  monkeypatch):
     """A4 Q3's --only=scale for a student who skipped A2 (the radial-gradient table is left out, nothing
     crashes), and A7 Q1's --only=exit with --timed=False (no timed benchmark)."""
-    import diagnose
+    from lab import diagnose
     import train
     train.main(['--dataset', small_data, '--out_dir', str(tmp_path), '--n_layer=1', '--n_embd=32', '--n_head=2',
                 '--n_loop=2', '--block_size=16', '--batch_size=4', '--eval_iters=2', '--max_iters=2',

@@ -13,10 +13,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import grid
+from lab import grid
 import train
 from conftest import ROOT
-from looped import Block, LoopedConfig, LoopedGPT, condition_name, exit_passes, latent_change, sampled_depth
+from lab.runs import condition_name, load_model
+from looped import Block, LoopedConfig, LoopedGPT, exit_passes, latent_change, sampled_depth
 
 BASE = dict(vocab_size=11, block_size=8, n_embd=16, n_head=2, n_layer=1, n_loop=3)
 
@@ -57,7 +58,7 @@ def test_every_config_field_is_a_flag_that_reaches_the_model_and_the_checkpoint(
     flags = [f'--{k}={v}' for k, v in NON_DEFAULT.items()]
     train.main(['--dataset', small_data, '--out_dir', str(out), '--batch_size=2', '--max_iters=2', '--eval_interval=2',
                 '--eval_iters=1', '--log_interval=1', *flags])
-    model, ckpt = LoopedGPT.from_checkpoint(str(out))
+    model, ckpt = load_model(str(out))
     for name, value in NON_DEFAULT.items():
         assert ckpt['config'][name] == value, f"--{name}={value} did not reach the checkpoint ({ckpt['config'][name]})"
         assert getattr(model.config, name) == value, f"--{name}={value} did not reach the loaded model"
@@ -67,7 +68,7 @@ def test_every_config_field_is_a_flag_that_reaches_the_model_and_the_checkpoint(
 
 def test_a_default_run_is_named_by_every_variant_not_at_its_default():
     args = train.parse_args(['--readout=raw', '--injection=add', '--n_prelude=2', '--bptt=1', '--block=sandwich'])
-    assert args.out_dir == os.path.join('out', 'laptop-raw-add-prelude2-sandwich-bptt1')
+    assert args.out_dir == os.path.join('out', 'laptop-readout_raw-injection_add-prelude2-block_sandwich-bptt1')
     assert condition_name(train.model_config(args).to_dict()) == 'per_loop + raw + add + prelude2 + sandwich + bptt1'
 
 
@@ -265,7 +266,7 @@ def test_the_latent_rule_on_hand_made_states():
 
 def test_the_exit_benchmark_drops_exited_rows_of_e_too():
     """The per-sequence benchmark removes exited sequences from the batch mid-loop; the injected e must follow."""
-    import diagnose
+    from lab import diagnose
     for injection in ('add', 'concat'):
         model = tiny(injection=injection).eval()
         x, y = tokens(B=6)
@@ -375,7 +376,7 @@ def test_a_checkpoint_written_before_the_designs_loads_and_computes_the_same(tmp
     model = tiny().eval()
     old_config = {k: model.config.to_dict()[k] for k in before}
     torch.save({'model': model.state_dict(), 'config': old_config, 'step': 1}, tmp_path / 'ckpt.pt')
-    loaded, _ = LoopedGPT.from_checkpoint(str(tmp_path / 'ckpt.pt'))
+    loaded, _ = load_model(str(tmp_path / 'ckpt.pt'))
     x, _ = tokens()
     with torch.no_grad():
         assert torch.equal(loaded(x)[0], model(x)[0])

@@ -1,4 +1,4 @@
-"""diagnose.py on tiny models whose answers are known in advance."""
+"""lab/diagnose.py on tiny models whose answers are known in advance."""
 
 import math
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-import diagnose
+from lab import diagnose
 from looped import LoopedConfig, LoopedGPT
 
 
@@ -208,8 +208,8 @@ def test_cli_prints_every_table(small_data, tmp_path, capsys):
         assert heading in out
     # the numbers, not only the headings: the perplexity row against the model's own forward on the same windows,
     # and the lemma table's first scale against the RMS of pass 1's output on the scale windows
-    from looped import LoopedGPT
-    model, ckpt = LoopedGPT.from_checkpoint(str(tmp_path))
+    from lab.runs import load_model
+    model, ckpt = load_model(str(tmp_path))
     tokens, K = diagnose.val_tokens(ckpt), model.config.n_loop
     x, y = diagnose.windows(tokens, model.config.block_size, 20)
     with torch.no_grad():

@@ -21,8 +21,8 @@ def test_every_documented_command_is_run_or_skipped_with_a_reason():
     # the front page's first command, the grid, the suite, a shell loop and an inline handout command are all found
     assert 'python train.py --readout=rmsnorm --norm_penalty=0' in cmds
     assert any(c.startswith('for seed in') and 'train.py' in c and c.endswith('done') for c in cmds)
-    assert 'python bench.py --suite' in cmds and plan('python bench.py --suite') == ('run', 'python bench.py --suite', '', None)
-    assert written_files('python bench.py --suite') == ['out/bench_suite.json']
+    assert 'python -m lab.bench --suite' in cmds and plan('python -m lab.bench --suite') == ('run', 'python -m lab.bench --suite', '', None)
+    assert written_files('python -m lab.bench --suite') == ['out/bench_suite.json']
 
 
 def test_long_commands_are_shrunk_and_still_parse():

@@ -207,7 +207,7 @@ def test_resume_of_a_finished_run_restores_its_last_record(small_data, tmp_path)
     ('diagnose', ['--device=cuda:3'], 'no CUDA GPU'),
 ])
 def test_other_scripts_bad_input_is_one_line(finished_run, script, flags, message):
-    import diagnose
+    from lab import diagnose
     import sample
     _, out = finished_run
     with pytest.raises(SystemExit) as e:

@@ -1,6 +1,6 @@
 """The GPU code path, exercised as far as a CPU can: bf16 autocast, torch.compile of the blocks, per-loop readouts
 checkpointed inside autocast and compile, resume and generation with a compiled model, fused AdamW. (CUDA itself,
-TF32 and pinned memory are measured by python bench.py --suite on a GPU.)"""
+TF32 and pinned memory are measured by python -m lab.bench --suite on a GPU.)"""
 
 import copy
 import math
@@ -9,6 +9,7 @@ import re
 import torch
 from torch._inductor.utils import run_and_get_code
 
+from lab.runs import load_model
 from looped import LoopedConfig, LoopedGPT
 from test_train import read_log, run_train
 
@@ -32,7 +33,7 @@ def test_bf16_compiled_training_tracks_fp32_eager_and_resumes(small_data, tmp_pa
     ckpt = torch.load(tmp_path / 'bf16' / 'ckpt.pt', weights_only=True)
     assert ckpt['step'] == 8 and not any('_orig_mod' in k for k in ckpt['model'])
     # generation with compiled blocks gives the eager model's tokens (greedy, so no sampling noise)
-    model, _ = LoopedGPT.from_checkpoint(str(tmp_path / 'bf16'))
+    model, _ = load_model(str(tmp_path / 'bf16'))
     start = torch.zeros(1, 3, dtype=torch.long)
     eager, _ = model.generate(start, 6, top_k=1, n_loop=4)
     model.compile_regions()

@@ -1,4 +1,4 @@
-"""matched_depth.py: the exit curve, its reading at matched depths, and the pairing over seeds, on synthetic cases
+"""lab/matched_depth.py: the exit curve, its reading at matched depths, and the pairing over seeds, on synthetic cases
 whose answers are worked out by hand."""
 
 import math
@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
-import matched_depth as md
-from stats import paired_stats
+from lab import matched_depth as md
+from lab.stats import paired_stats
 
 
 def test_exit_curve_sweeps_every_threshold_in_order():
@@ -39,8 +39,8 @@ def fake_run(folder, condition, seed, readout, config='laptop_long', learning_ra
 
 
 def test_pairs_are_compared_seed_by_seed_at_each_depth():
-    from grid import group_runs
-    from stats import pair_up
+    from lab.grid import group_runs
+    from lab.stats import pair_up
     runs = [fake_run(f"r{s}", 'per_loop + rmsnorm', s, 'rmsnorm') for s in (1, 2, 3)]
     runs += [fake_run(f"x{s}", 'per_loop + raw', s, 'raw') for s in (3, 1, 2)]  # another order: pairing is by seed
     gap = {1: 0.19, 2: 0.22, 3: 0.20}
@@ -63,8 +63,8 @@ def test_pairs_are_compared_seed_by_seed_at_each_depth():
 
 
 def test_each_configuration_names_its_conditions_plainly():
-    from grid import group_runs
-    from stats import pair_up
+    from lab.grid import group_runs
+    from lab.stats import pair_up
     runs = [fake_run(f"{c}/{r}{s}", f"per_loop + {r}", s, r, config=c, learning_rate=lr)
             for c, lr in (('laptop_long', 3e-3), ('laptop_deep', 1e-3)) for r in ('rmsnorm', 'raw') for s in (1, 2)]
     curves = {run['folder']: {score: np.zeros(5) for score in md.diagnose.SCORES} for run in runs}

@@ -130,9 +130,9 @@ def test_normed_recurrence_reads_out_and_logs_the_pre_norm_state():
 
 
 def test_the_recurrence_is_written_once(monkeypatch):
-    """forward, generate and diagnose.py all run the passes through LoopedGPT.loops: change it, and all three
+    """forward, generate and lab/diagnose.py all run the passes through LoopedGPT.loops: change it, and all three
     change."""
-    import diagnose
+    from lab import diagnose
     x, y = batch()
     model = tiny(readout='raw').eval()
 

@@ -1,4 +1,4 @@
-"""plot_norms.py and grid.py: figures and table from real (tiny) runs, the grid runner, and its one-line errors.
+"""plot_norms.py and lab/grid.py: figures and table from real (tiny) runs, the grid runner, and its one-line errors.
 The paired statistics are tested in test_stats.py."""
 
 import csv
@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 
-import grid
+from lab import grid
 import plot_norms
 import train
 from conftest import ROOT
@@ -45,9 +45,9 @@ def test_figures_and_table_from_two_runs(two_runs, tmp_path, capsys):
     assert len(exits) == 4 and 'max_prob loops' in exits[0] and 'entropy tok/s' in exits[0]
     # the raw run's row, recomputed from its checkpoint: the plain depth-K perplexity on the measuring half of the
     # windows, and the loops and perplexity of max_prob's threshold calibrated on the other half
-    import diagnose
-    from looped import LoopedGPT
-    model, ckpt = LoopedGPT.from_checkpoint(str(two_runs / 'raw'))
+    from lab import diagnose
+    from lab.runs import load_model
+    model, ckpt = load_model(str(two_runs / 'raw'))
     x, y = diagnose.windows(diagnose.val_tokens(ckpt), model.config.block_size, 200)
     (xa, ya), (xb, yb) = diagnose.split_halves(x, y)
     K = model.config.n_loop

@@ -1,4 +1,4 @@
-"""stats.py: the paired statistics (issue 22) on hand-built logs with known seed-by-seed differences, the t quantiles
+"""lab/stats.py: the paired statistics (issue 22) on hand-built logs with known seed-by-seed differences, the t quantiles
 against the printed table, and what plot_norms.py writes from them (paired.csv, table.md's second table)."""
 
 import csv
@@ -8,7 +8,7 @@ import math
 import pytest
 
 import plot_norms
-import stats
+from lab import stats
 from looped import LoopedConfig
 
 

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-import atlas
-import bench
-import diagnose
+from lab import atlas
+from lab import bench
+from lab import diagnose
 import faults
-import matched_depth
-import norm_course
+from lab import matched_depth
+from lab import norm_course
 import plot_norms
 import sample
 import train
@@ -181,8 +181,8 @@ def test_sample_prints_text_at_other_loop_counts(finished_run, capsys):
     """sample.py --n_loop=4 on a K=2 model prints what generate() gives at 4 loops with the same seed, and
     reports the 4 loops per token that generate() says it ran."""
     _, out = finished_run
-    from looped import LoopedGPT
-    model, ckpt = LoopedGPT.from_checkpoint(str(out))
+    from lab.runs import load_model
+    model, ckpt = load_model(str(out))
     encode, decode = sample.get_codec(ckpt['meta'])
     expected = {}
     for n_loop in (2, 4):

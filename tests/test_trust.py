@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-import diagnose
-import runs
+from lab import diagnose
+from lab import runs
 import sample
 import train
 from conftest import ROOT, char_prepare
@@ -268,12 +268,12 @@ def test_a_figure_destination_that_cannot_be_written_is_found_before_the_work(fi
     with pytest.raises(SystemExit) as e:
         diagnose.main(['--out_dir', str(finished_run[1]), '--only=lemma', f'--fig={tmp_path}/file.txt/x.png'])
     assert 'cannot write' in one_line(e)
-    r = subprocess.run([sys.executable, 'bench.py', '--suite', f'--json={folder}'], cwd=ROOT, capture_output=True,
+    r = subprocess.run([sys.executable, 'lab/bench.py', '--suite', f'--json={folder}'], cwd=ROOT, capture_output=True,
                        text=True, timeout=60)
-    assert r.returncode == 1 and r.stderr.strip() == f"bench.py: error: {folder} is a folder; give a file name " \
+    assert r.returncode == 1 and r.stderr.strip() == f"lab/bench.py: error: {folder} is a folder; give a file name " \
         f"(for example {folder}/out.png)" and r.stdout == ''
-    r = subprocess.run([sys.executable, 'bench.py', '--grad_clip=nan'], cwd=ROOT, capture_output=True, text=True)
-    assert r.stderr.startswith('bench.py: error: --grad_clip=nan')
+    r = subprocess.run([sys.executable, 'lab/bench.py', '--grad_clip=nan'], cwd=ROOT, capture_output=True, text=True)
+    assert r.stderr.startswith('lab/bench.py: error: --grad_clip=nan')
 
 
 def test_a_checkpoint_whose_weights_do_not_fit_its_config_is_one_line(finished_run, tmp_path):

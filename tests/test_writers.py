@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-import diagnose
+from lab import diagnose
 import train
 from conftest import ROOT, char_prepare
 from data.common import check_writable, write_atomically

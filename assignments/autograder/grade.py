@@ -8,7 +8,7 @@ build time) and repo/ (the student copy of the repository: graders, stubs, data;
 The layout under the root is Gradescope's: source/ (the unpacked archive), submission/ (the student's files),
 results/results.json (written here). Each can also be given by a flag, to grade a folder by hand.
 
-What is graded: the files named in the manifest's submission_files (looped.py, diagnose.py), copied from the
+What is graded: the files named in the manifest's submission_files (looped.py, lab/diagnose.py), copied from the
 submission over a scratch copy of repo/. Nothing else of the submission is used, so a submission cannot bring
 its own graders, grading.py or training code.
 """
@@ -49,7 +49,7 @@ def run_graders(work, record, timeout):
     not finish normally). The plugin writes as it goes, so a timeout loses only the tests that had not run."""
     env = dict(os.environ, AUTOGRADER_RECORD=record,
                PYTHONPATH=os.pathsep.join(p for p in [HERE, os.environ.get('PYTHONPATH')] if p))
-    # --continue-on-collection-errors: a diagnose.py that does not import must cost A2 and A7 only, not stop
+    # --continue-on-collection-errors: a lab/diagnose.py that does not import must cost A2 and A7 only, not stop
     # pytest before the graders that need looped.py alone have run
     cmd = [sys.executable, '-m', 'pytest', '-q', '--tb=short', '-p', 'no:cacheprovider', '-p', 'gradescope_record',
            '--continue-on-collection-errors', os.path.join('assignments', 'tests')]

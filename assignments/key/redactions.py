@@ -10,11 +10,11 @@ would otherwise ship unnoticed. An optional one (required False) may be absent. 
 
 REDACTIONS = [
     # A2 Q1 asks for the derivation: the docstring keeps the result and loses the intermediate gradient
-    ('diagnose.py',
+    ('lab/diagnose.py',
      '        dL/dh = weight * grad_y / r - h * S / (d * r^3),   so   <dL/dh, h> = (S / r) * eps / r^2,\n',
      '        <dL/dh, h> = (S / r) * eps / r^2,\n'),
     # A4 Q1 asks through which path terminal supervision reaches the early loops
-    ('diagnose.py',
+    ('lab/diagnose.py',
      "    # 'own CE': loop k's cross-entropy through its readout alone; 'training': the whole objective, which also\n"
      "    # reaches h_k through the later loops\n",
      "    # 'own CE': loop k's cross-entropy through its readout alone; 'training': the whole objective\n"),

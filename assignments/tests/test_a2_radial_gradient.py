@@ -4,7 +4,7 @@ PYTEST_DONT_REWRITE"""
 import pytest
 import torch
 
-from diagnose import rmsnorm_radial_grad
+from lab.diagnose import rmsnorm_radial_grad
 from grading import check_close, one_thread  # noqa: F401 (one_thread: autouse, torch on one thread here)
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from diagnose import calibrate_exit, exit_depths
+from lab.diagnose import calibrate_exit, exit_depths
 from grading import distinct, one_thread  # noqa: F401 (one_thread: autouse, torch on one thread here)
 from looped import exit_passes
 

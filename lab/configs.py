@@ -14,7 +14,7 @@ CONFIGS = {
                         max_iters=2000, eval_interval=100, eval_iters=4, log_interval=100, learning_rate=3e-3),
     'laptop_deep': dict(n_layer=4, n_embd=128, n_head=4, n_loop=4, block_size=128, batch_size=16, dropout=0.0,
                         max_iters=1500, eval_interval=100, eval_iters=4, log_interval=100, learning_rate=1e-3),
-    # The norm's course over long training (norm_course.py --run): the laptop model for 10,000 steps, evaluated every
+    # The norm's course over long training (lab/norm_course.py --run): the laptop model for 10,000 steps, evaluated every
     # 250; about an hour a run on 2 cores with two runs side by side, single-threaded. Pass --learning_rate=3e-4 for
     # the paper's rate, --warmup_iters or --init=gpt2 to soften the first steps.
     'laptop_10k': dict(n_layer=2, n_embd=128, n_head=4, n_loop=4, block_size=128, batch_size=16, dropout=0.0,

@@ -1,10 +1,10 @@
 """
 Time training steps on synthetic data: tokens/s, MFU, peak memory, compile time. Nothing is written.
 
-    python bench.py                                                   # the laptop model on this machine
-    python bench.py --config=gpu_char --supervision=terminal          # on a GPU: compare with per_loop
-    python bench.py --vocab_size=50257 --n_embd=64 --n_layer=1 --batch_size=4 --block_size=64
-    python bench.py --suite                                           # everything below in one table (+ JSON)
+    python -m lab.bench                                                   # the laptop model on this machine
+    python -m lab.bench --config=gpu_char --supervision=terminal          # on a GPU: compare with per_loop
+    python -m lab.bench --vocab_size=50257 --n_embd=64 --n_layer=1 --batch_size=4 --block_size=64
+    python -m lab.bench --suite                                           # everything below in one table (+ JSON)
 
 Takes train.py's flags (--config, the model and variant flags, --device, --dtype, --compile, ...: see
 python train.py --help) plus its own --vocab_size, --steps and --warmup. Peak memory is the CUDA allocator's
@@ -20,7 +20,7 @@ suite at toy sizes in under a minute and marks the rows it did not measure. It p
 writes it as JSON (--json).
 
 Not here: the training step it times (train.py's, called as bench.train_step does it), what the model learns
-(train.py's evaluations), the early-exit speed of a trained model (diagnose.py, plot_norms.py).
+(train.py's evaluations), the early-exit speed of a trained model (lab/diagnose.py, plot_norms.py).
 """
 
 import argparse
@@ -36,8 +36,10 @@ import time
 import torch
 
 from data.common import check_writable, write_atomically
-import train  # bench.py times train.py's training step, so it takes train.py's flags and model config
-from looped import LoopedConfig, LoopedGPT, condition_name, fmt_mfu, peak_flops, resolve_device, synchronize
+import train  # lab/bench.py times train.py's training step, so it takes train.py's flags and model config
+from lab.runs import condition_name
+from lab.runtime import fmt_mfu, peak_flops, resolve_device, synchronize
+from looped import LoopedConfig, LoopedGPT
 
 
 def peak_rss_mib():
@@ -83,7 +85,7 @@ def time_steps(model, optimizer, rt, x, y, steps, warmup):
 
 
 def own_parser():
-    """bench.py's own flags (train.py's come on top of them, see parse)."""
+    """lab/bench.py's own flags (train.py's come on top of them, see parse)."""
     own = argparse.ArgumentParser(add_help=False)
     own.add_argument('--vocab_size', type=int, default=65, help='synthetic vocabulary (65: the char-level one)')
     own.add_argument('--steps', type=int, default=10, help='timed steps')
@@ -94,7 +96,7 @@ def own_parser():
 
 
 def parse(argv=None):
-    """bench.py's own flags, then train.py's flags from the rest; --help describes both."""
+    """lab/bench.py's own flags, then train.py's flags from the rest; --help describes both."""
     own = own_parser()
     mine, rest = own.parse_known_args(argv)
     if '-h' in rest or '--help' in rest:
@@ -105,9 +107,9 @@ def parse(argv=None):
         sys.exit(0)
     try:
         return mine, train.parse_args(rest)
-    except SystemExit as e:  # train.py's parser names itself; the user typed bench.py
+    except SystemExit as e:  # train.py's parser names itself; the user typed lab/bench.py
         code = str(e.code)
-        sys.exit(code.replace('train.py: error:', 'bench.py: error:', 1) if code.startswith('train.py: error:') else e.code)
+        sys.exit(code.replace('train.py: error:', 'lab/bench.py: error:', 1) if code.startswith('train.py: error:') else e.code)
 
 
 def main(argv=None):
@@ -117,15 +119,15 @@ def main(argv=None):
         try:
             check_writable(mine.json)  # before the suite's minutes of work, not after them
         except ValueError as e:
-            sys.exit(f"bench.py: error: {e}")
+            sys.exit(f"lab/bench.py: error: {e}")
         return suite(mine.json)
     if mine.vocab_size < 1 or mine.steps < 1 or mine.warmup < 0:
-        sys.exit("bench.py: error: need --vocab_size >= 1, --steps >= 1 and --warmup >= 0")
+        sys.exit("lab/bench.py: error: need --vocab_size >= 1, --steps >= 1 and --warmup >= 0")
     try:
         rt = resolve_device(args.device, args.dtype, args.compile)
         config = train.model_config(args, mine.vocab_size)
     except ValueError as e:
-        sys.exit(f"bench.py: error: {e}")
+        sys.exit(f"lab/bench.py: error: {e}")
     print(rt.describe())
     device = rt.device
     torch.manual_seed(args.seed)
@@ -201,7 +203,7 @@ def peak_memory(s):
     other model holds GPU memory). The GPU allocator's peak only: on a CPU the row is listed as not measured."""
     if not s.gpu:
         s.skipped.append('peak memory per_loop / terminal at V = 20k and 50k (GPU allocator only; on a CPU: '
-                         'python bench.py --vocab_size=50257 ... once per supervision)')
+                         'python -m lab.bench --vocab_size=50257 ... once per supervision)')
         return
     for vocab in (20000, 50257):
         for compile in (False, True):

@@ -3,10 +3,10 @@ Measure a trained looped model: perplexity at every exit depth, a calibrated ear
 scale mechanism (readout scale sensitivity, radial gradient, radial/angular split of each loop, radial
 clamps, and the lemma check over 30 loops).
 
-    python diagnose.py --out_dir=out/laptop                  # all of it, on the validation split
-    python diagnose.py --out_dir=out/laptop-raw --only=scale
-    python diagnose.py --out_dir=out/laptop --only=depth --max_windows=200
-    python diagnose.py --out_dir=out/laptop --only=lemma --fig=figures/laptop/lemma_rmsnorm.png
+    python -m lab.diagnose --out_dir=out/laptop                  # all of it, on the validation split
+    python -m lab.diagnose --out_dir=out/laptop-readout_raw --only=scale
+    python -m lab.diagnose --out_dir=out/laptop --only=depth --max_windows=200
+    python -m lab.diagnose --out_dir=out/laptop --only=lemma --fig=figures/laptop/lemma_rmsnorm.png
 
 Depth and exit numbers use non-overlapping windows of block_size tokens, so every validation token (all but
 the last few that do not fill a window) is predicted exactly once. The scale diagnostics use the first
@@ -29,7 +29,9 @@ import torch.nn.functional as F
 
 from data import find_dataset
 from data.common import check_same_data, check_writable, read_dataset, write_atomically
-from looped import EXITS, LoopedGPT, condition_name, latent_change, resolve_device, synchronize
+from lab.runs import condition_name, load_model
+from lab.runtime import resolve_device, synchronize
+from looped import EXITS, latent_change
 
 SCALES = (0.1, 0.5, 1.0, 2.0, 10.0)
 CLAMPS = ('none', 'freeze', 'remove_radial')  # see clamp(): ways to take the radial part out of each loop
@@ -270,7 +272,7 @@ def exit_results(groups, max_windows):
     for name, runs in groups.items():
         results[name] = []
         for run in runs:
-            model, ckpt = LoopedGPT.from_checkpoint(run['folder'], device)
+            model, ckpt = load_model(run['folder'], device)
             x, y = windows(val_tokens(ckpt), model.config.block_size, max_windows)
             results[name].append(exit_benchmark(model, x, y, model.config.n_loop))
     return results
@@ -489,7 +491,7 @@ def fmt_row(label, values, f='8.3f'):
 
 def get_parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.error = lambda msg: sys.exit(f"diagnose.py: error: {msg}")
+    p.error = lambda msg: sys.exit(f"lab/diagnose.py: error: {msg}")
     p.add_argument('--out_dir', default='out/laptop', help='the run folder that holds ckpt.pt')
     p.add_argument('--only', default='all', choices=['all', 'depth', 'exit', 'scale', 'lemma'])
     p.add_argument('--max_windows', type=int, default=None, help='cap on validation windows for depth and exit')
@@ -525,12 +527,12 @@ def load(p, args):
     ckpt_path = args.out_dir if os.path.isfile(args.out_dir) else os.path.join(args.out_dir, 'ckpt.pt')
     fig_path = args.fig or os.path.join(run_dir, 'lemma.png')
     try:
-        model, ckpt = LoopedGPT.from_checkpoint(ckpt_path, resolve_device(args.device).device)
+        model, ckpt = load_model(ckpt_path, resolve_device(args.device).device)
         tokens = val_tokens(ckpt, args.dataset, ckpt_path)
         if args.only in ('all', 'lemma'):
             check_writable(fig_path)  # before the work, not after it
     except (ValueError, OSError) as e:
-        sys.exit(f"diagnose.py: error: {e}")
+        sys.exit(f"lab/diagnose.py: error: {e}")
     return model, ckpt, tokens, fig_path
 
 

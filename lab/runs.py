@@ -25,19 +25,92 @@ The promises:
 
 import json
 import os
+import pickle
 import shutil
 import signal
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import fields
 
 import torch
 
 from data.common import write_atomically
-from looped import LoopedConfig, load_checkpoint
+from looped import LoopedConfig, LoopedGPT
 
 FILES = ('log.jsonl', 'ckpt.pt', 'run.lock')
+
+
+def load_checkpoint(path, device='cpu'):
+    """The checkpoint dict that train.py saved; ValueError with a one-line message when it is missing or
+    unreadable (the file itself is never touched). Loaded with weights_only=True: tensors, dicts, lists,
+    numbers and strings only, so a checkpoint from someone else can never run code here."""
+    if not os.path.exists(path):
+        raise ValueError(f"no checkpoint at {path}")
+    try:
+        with warnings.catch_warnings():  # torch warns about pickle protocols on the way to its own clear error
+            warnings.simplefilter('ignore')
+            ckpt = torch.load(path, map_location=device, weights_only=True)
+        missing = {'model', 'config', 'step'} - set(ckpt)
+    except pickle.UnpicklingError as e:
+        if 'GLOBAL ' in str(e) or 'Unsupported global' in str(e):  # names a class: how pickles run code
+            raise ValueError(f"checkpoint {path} holds objects other than tensors and plain data; refused, since "
+                             "loading it could run code") from None
+        raise ValueError(f"checkpoint {path} is unreadable (truncated or corrupt?): UnpicklingError") from None
+    except Exception as e:
+        raise ValueError(f"checkpoint {path} is unreadable (truncated or corrupt?): {type(e).__name__}") from None
+    if missing:
+        raise ValueError(f"checkpoint {path} lacks {', '.join(sorted(missing))}; not a looped checkpoint")
+    return ckpt
+
+
+def load_model(path, device='cpu'):
+    """(model in eval mode on device, checkpoint dict) from a ckpt.pt or a run folder that holds one.
+    ValueError with a one-line message when it is missing or unreadable."""
+    path = os.path.join(path, 'ckpt.pt') if os.path.isdir(path) else path
+    ckpt = load_checkpoint(path, device)
+    try:
+        model = LoopedGPT(LoopedConfig(**ckpt['config']))
+        model.load_state_dict(ckpt['model'])
+    except (TypeError, RuntimeError) as e:  # a config with unknown fields, or weights of another shape
+        raise ValueError(f"checkpoint {path}: its weights do not fit its own config ({type(e).__name__}: "
+                         f"{str(e).strip().splitlines()[0][:150]})") from None
+    return model.to(device).eval(), ckpt
+
+
+# ---- names: a run's folder and its condition, both derived from the variant fields (LoopedConfig.variants)
+
+def _value(v):
+    return f"{v:g}" if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
+
+
+def condition_name(cfg):
+    """A model's condition from its config as a dict (to_dict(), or the one in a run's log): 'supervision +
+    readout', then every other variant not at its default, by its knob's label ('per_loop + rmsnorm + normed');
+    a field that an older log lacks is at its default."""
+    name = f"{cfg['supervision']} + {cfg['readout']}"
+    for f in LoopedConfig.variants():
+        value, m = cfg.get(f.name, f.default), f.metadata
+        if f.name in ('supervision', 'readout') or value == f.default:
+            continue
+        if value in m['named']:  # a value with a name of its own: the paper's penalty is '+ penalty'
+            name += m['named'][value]
+        else:
+            label = m['label'] or (' + {v}' if m['tag'] is None else ' + ' + m['tag'] + '{v}')
+            name += label.format(v=_value(value))
+    return name
+
+
+def run_name(config_name, values):
+    """The default out_dir of a run: out/<config>, then every variant field not at its default as tag + value;
+    a field without a tag is named by its own name (out/laptop-readout_raw-pen0.01)."""
+    parts = [config_name]
+    for f in LoopedConfig.variants():
+        value = values[f.name]
+        if value != f.default:
+            parts.append((f.name + '_' if f.metadata['tag'] is None else f.metadata['tag']) + _value(value))
+    return os.path.join('out', '-'.join(parts))
 
 
 class RunError(Exception):

@@ -3,10 +3,10 @@ The atlas: does each of the field's looped designs carry the state's scale from 
 see it? Every design (grid.DESIGNS: residual, normed, sandwich, injection, prelude/coda, sampled depth, bptt,
 looped_nanochat's defaults) under a scale-invariant (rmsnorm) and a scale-visible (raw) readout, a few seeds each.
 
-    python atlas.py                                  # train what is missing (laptop, 3 seeds), then the table
-    python atlas.py --fig_dir=figures/atlas          # the committed table and figure
-    python atlas.py --seeds=1 --train_args='--max_iters=40'    # a quick look (about 10 minutes on 2 cores)
-    python atlas.py 'out/grid/laptop/*'              # only read runs that exist (no training), e.g. while it trains
+    python -m lab.atlas                                  # train what is missing (laptop, 3 seeds), then the table
+    python -m lab.atlas --fig_dir=figures/atlas          # the committed table and figure
+    python -m lab.atlas --seeds=1 --train_args='--max_iters=40'    # a quick look (about 10 minutes on 2 cores)
+    python -m lab.atlas 'out/grid/laptop/*'              # only read runs that exist (no training), e.g. while it trains
 
 The runs are the grid's (grid.run_grid with grid='atlas', folders under --out_root/laptop): finished ones are
 reused, interrupted ones resumed, Ctrl-C saves the running one and the same command continues. Writes to
@@ -14,8 +14,8 @@ reused, interrupted ones resumed, Ctrl-C saves the running one and the same comm
 measurement and whether they agree; table 2: validation loss at depths 1..K and 2K), atlas.csv, and
 fig8_atlas.png (||h_K|| against training step, one panel per design, both readouts).
 
-Not here: the designs themselves (looped.py), their predictions and flags (grid.py: DESIGNS, PREDICTIONS), the
-exit rules at matched depth (matched_depth.py --against).
+Not here: the designs themselves (looped.py), their predictions and flags (lab/grid.py: DESIGNS, PREDICTIONS), the
+exit rules at matched depth (lab/matched_depth.py --against).
 """
 
 import argparse
@@ -28,8 +28,8 @@ import sys
 import numpy as np
 
 from data.common import check_writable, write_atomically
-from configs import CONFIGS
-from grid import ATLAS_DESIGN, ATLAS_READOUTS as READOUTS, PREDICTIONS, LogError, group_runs, load_runs, run_grid
+from lab.configs import CONFIGS
+from lab.grid import ATLAS_DESIGN, ATLAS_READOUTS as READOUTS, PREDICTIONS, LogError, group_runs, load_runs, run_grid
 
 CARRIED = 1.5  # ||h_K|| / ||h_1|| above this: the scale is carried from loop to loop (below: removed)
 LARGE = 100.0  # ||h_K|| above this: large (the scale grew where nothing holds it), below: small
@@ -149,7 +149,7 @@ def plot(groups, names, path, title):
 
 def get_parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.error = lambda msg: sys.exit(f"atlas.py: error: {msg}")
+    p.error = lambda msg: sys.exit(f"lab/atlas.py: error: {msg}")
     p.add_argument('runs', nargs='*', help='run folders or quoted globs to read instead of training the atlas; '
                                            'runs of other conditions are left out')
     p.add_argument('--seeds', type=int, default=3, help='seeds per condition (seeds 1..N)')
@@ -172,14 +172,14 @@ def main(argv=None):
     except ValueError as e:
         p.error(str(e))
     folders = [] if args.runs else run_grid(args.config, range(1, args.seeds + 1), args.out_root, extra, grid='atlas',
-                                            prog='atlas.py')
+                                            prog='lab/atlas.py')
     try:
         groups = group_runs(load_runs(args.runs, folders))
     except LogError as e:
-        sys.exit(f"atlas.py: error: {e}")
+        sys.exit(f"lab/atlas.py: error: {e}")
     groups = {name: runs for name, runs in groups.items() if name in ATLAS_DESIGN}
     if not groups:
-        sys.exit("atlas.py: error: none of the runs is an atlas condition (grid.ATLAS); train them with atlas.py")
+        sys.exit("lab/atlas.py: error: none of the runs is an atlas condition (grid.ATLAS); train them with lab/atlas.py")
     results = {}
     for name, (design, readout) in ATLAS_DESIGN.items():
         if name in groups:  # seeds at the condition's furthest evaluation only: means never mix steps
@@ -207,5 +207,5 @@ if __name__ == '__main__':
     try:
         main()
     except KeyboardInterrupt:  # outside a training run (reading logs, drawing): nothing to save
-        print("atlas.py: interrupted", file=sys.stderr)
+        print("lab/atlas.py: interrupted", file=sys.stderr)
         sys.exit(130)

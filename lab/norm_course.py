@@ -2,9 +2,9 @@
 The norm's course over long training: ||h_K|| against step on log-log axes, the transient told apart from the
 growth, and a power law fitted to what comes after the transient, extrapolated to the paper's token count.
 
-    python norm_course.py --run                                 # train the seven long runs (hours), then fit
-    python norm_course.py --run --fig_dir=figures/laptop_10k    # the committed table and figure
-    python norm_course.py 'out/course/*' --after=2000           # fit runs you have, from a later step on
+    python -m lab.norm_course --run                                 # train the seven long runs (hours), then fit
+    python -m lab.norm_course --run --fig_dir=figures/laptop_10k    # the committed table and figure
+    python -m lab.norm_course 'out/course/*' --after=2000           # fit runs you have, from a later step on
 
 --run trains COURSE (laptop_10k: rmsnorm and raw at the demo's 3e-3 and the paper's 3e-4; two ablations of the
 first steps at 3e-3, a 500-step warmup under rmsnorm and nanoGPT's small initialization, --init=gpt2, under both
@@ -22,7 +22,7 @@ d = 512 is an RMS of about 1,720. An extrapolation from a small model over 1.5 t
 more; runs continued further (--max_iters) that leave the interval falsify it.
 
 Writes to --fig_dir: course.md (the fits and their extrapolations), course.csv, fig9_norm_course.png.
-Not here: the runs' training (train.py through grid.py), the paired statistics of other tables (stats.py).
+Not here: the runs' training (train.py through lab/grid.py), the paired statistics of other tables (lab/stats.py).
 """
 
 import argparse
@@ -35,10 +35,10 @@ import sys
 
 import numpy as np
 
-from configs import CONFIGS
+from lab.configs import CONFIGS
 from data.common import check_writable, write_atomically
-from grid import LogError, load_runs, run_grid
-from stats import t_quantile
+from lab.grid import LogError, load_runs, run_grid
+from lab.stats import t_quantile
 
 # the long runs: folder label -> train.py flags (on --config=laptop_10k); their names are not model conditions,
 # since the learning rate and the warmup are training flags, so the grid gets them as its own dict
@@ -181,7 +181,7 @@ def plot(runs, rows, after, path):
 
 def get_parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.error = lambda msg: sys.exit(f"norm_course.py: error: {msg}")
+    p.error = lambda msg: sys.exit(f"lab/norm_course.py: error: {msg}")
     p.add_argument('runs', nargs='*', help='run folders or quoted globs (default with --run: the COURSE runs)')
     p.add_argument('--run', action='store_true', help='train the COURSE runs first (reusing finished ones)')
     p.add_argument('--config', default='laptop_10k', choices=list(CONFIGS), help='train.py configuration for --run')
@@ -204,11 +204,11 @@ def main(argv=None):
         check_writable(os.path.join(args.fig_dir, 'course.md'))
     except ValueError as e:
         p.error(str(e))
-    folders = run_grid(args.config, [1], args.out_root, extra, grid=COURSE, prog='norm_course.py') if args.run else []
+    folders = run_grid(args.config, [1], args.out_root, extra, grid=COURSE, prog='lab/norm_course.py') if args.run else []
     try:
         runs = load_runs(args.runs, folders)
     except LogError as e:
-        sys.exit(f"norm_course.py: error: {e}")
+        sys.exit(f"lab/norm_course.py: error: {e}")
     rows = rows_of(runs, args.after)
     text, out = table(rows, args.after)
     buf = io.StringIO()
@@ -224,5 +224,5 @@ if __name__ == '__main__':
     try:
         main()
     except KeyboardInterrupt:
-        print("norm_course.py: interrupted", file=sys.stderr)
+        print("lab/norm_course.py: interrupted", file=sys.stderr)
         sys.exit(130)

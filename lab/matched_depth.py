@@ -2,8 +2,8 @@
 Claim 4 at matched inference depth: per-sequence early exit read at the same mean number of loops for every
 condition, and each condition compared with the reference condition seed by seed.
 
-    python matched_depth.py 'out/grid/laptop_long/*' 'out/grid/laptop_deep/*'    # into out/figures/matched_depth
-    python matched_depth.py 'out/grid/laptop/*' --against=max_prob    # each exit score against another, per run
+    python -m lab.matched_depth 'out/grid/laptop_long/*' 'out/grid/laptop_deep/*'    # into out/figures/matched_depth
+    python -m lab.matched_depth 'out/grid/laptop/*' --against=max_prob    # each exit score against another, per run
 
 Why: a calibrated exit threshold lands each condition at whatever mean depth it happens to give (rmsnorm exits
 after about one loop where raw keeps going to 3.7), so comparing calibrated points compares different depths.
@@ -39,11 +39,12 @@ import sys
 import numpy as np
 import torch
 
-import diagnose
+from lab import diagnose
 from data.common import check_writable, write_atomically
-from grid import LogError, group_runs, load_runs
-from looped import LoopedGPT, resolve_device
-from stats import REFERENCE, pair_up, paired_stats, verdict
+from lab.grid import LogError, group_runs, load_runs
+from lab.runs import load_model
+from lab.runtime import resolve_device
+from lab.stats import REFERENCE, pair_up, paired_stats, verdict
 
 STEP = 0.5  # the depth grid: 1, 1.5, ..., K
 
@@ -80,7 +81,7 @@ def read_at(depths, losses, grid):
 @torch.no_grad()
 def run_curves(folder, max_windows, device):
     """{score: cross-entropy at each depth of depth_grid(K)} for one run, on the reporting half of its windows."""
-    model, ckpt = LoopedGPT.from_checkpoint(folder, device)
+    model, ckpt = load_model(folder, device)
     K = model.config.n_loop
     x, y = diagnose.windows(diagnose.val_tokens(ckpt, name=os.path.join(folder, 'ckpt.pt')), model.config.block_size,
                             max_windows)
@@ -199,7 +200,7 @@ def plot(rows, fig_dir):
 
 def get_parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.error = lambda msg: sys.exit(f"matched_depth.py: error: {msg}")
+    p.error = lambda msg: sys.exit(f"lab/matched_depth.py: error: {msg}")
     p.add_argument('runs', nargs='+', help='run folders or quoted globs, each with log.jsonl and ckpt.pt')
     p.add_argument('--fig_dir', default=os.path.join('out', 'figures', 'matched_depth'),
                    help='where the table and figure go (default: out/figures/matched_depth)')
@@ -223,7 +224,7 @@ def main(argv=None):
     try:
         runs = load_runs(args.runs)
     except LogError as e:
-        sys.exit(f"matched_depth.py: error: {e}")
+        sys.exit(f"lab/matched_depth.py: error: {e}")
     groups = group_runs(runs)
     if args.against is not None:
         paired, used = {}, sorted(run['folder'] for run in runs)
@@ -239,14 +240,14 @@ def main(argv=None):
         try:
             curves[folder] = run_curves(folder, args.max_windows, device)
         except (ValueError, OSError) as e:
-            sys.exit(f"matched_depth.py: error: {e}")
+            sys.exit(f"lab/matched_depth.py: error: {e}")
         print(f"[{i}/{len(used)}] {folder}", flush=True)
     for entry in paired.values():
         for reason in entry['left_out']:
             print(f"left out: {reason}")
     rows = score_rows(groups, curves, args.against) if args.against else matched_rows(paired, curves, args.reference)
     if not rows:
-        sys.exit("matched_depth.py: error: no run has curves to compare")
+        sys.exit("lab/matched_depth.py: error: no run has curves to compare")
     print(write_table(rows, args.fig_dir))
     print(f"wrote {os.path.join(args.fig_dir, 'matched_depth.md')}, matched_depth.csv and {plot(rows, args.fig_dir)}")
 

@@ -3,7 +3,7 @@ Grids of conditions: what each condition is, training every one for every seed, 
 
     python plot_norms.py --run                                # the paper's ten conditions, then the figures
     python plot_norms.py --run --config=laptop_long --seeds=8 --conditions=per_loop-rmsnorm,per_loop-alpha
-    python atlas.py                                           # the field's designs (grid 'atlas'), then its table
+    python -m lab.atlas                                           # the field's designs (grid 'atlas'), then its table
 
 What is here: the named grids (GRIDS: 'paper', the paper's ten conditions, CONDITIONS; 'claim4'; 'readouts';
 'atlas', every design of DESIGNS under rmsnorm and raw, with the prediction for each written before its runs,
@@ -13,11 +13,11 @@ changes none of them; the grid each configuration runs by default; one folder pe
 passed on to it (the child saves a checkpoint, the grid waits for that save, says where it stopped in one line
 and exits 130; the same command continues), and reading a run's log back (load_run, group_runs: the runs of one
 condition together, in the grids' order), which the grid needs to tell a finished run from an interrupted one.
-A condition's name comes from its model config (looped.condition_name), so a run made by hand is named the same
+A condition's name comes from its model config (lab.runs.condition_name), so a run made by hand is named the same
 way; it is reused by a grid only from the grid's own folder, with the grid's flags (seed 1.., GRID_FLAGS).
 
-Not here: the flags (plot_norms.py and atlas.py parse --run, --seeds, --conditions, --train_args and pass them
-on), the figures and tables (plot_norms.py, atlas.py), the paired statistics (stats.py).
+Not here: the flags (plot_norms.py and lab/atlas.py parse --run, --seeds, --conditions, --train_args and pass them
+on), the figures and tables (plot_norms.py, lab/atlas.py), the paired statistics (lab/stats.py).
 """
 
 import glob
@@ -30,9 +30,10 @@ import tempfile
 import time
 from dataclasses import fields
 
-from looped import LoopedConfig, condition_name
+from lab.runs import condition_name
+from looped import LoopedConfig
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository, where train.py is
 
 def flags_name(flags):
     """The condition name of a list of train.py model flags ('--name=value'), as condition_name names its run."""
@@ -236,7 +237,7 @@ def run_grid(config, seeds, out_root, extra, names=None, grid=None, prog='plot_n
     for i, (name, flags, seed) in enumerate(jobs):
         folder = os.path.join(out_root, config, slug(name) + f"-seed{seed}")
         folders.append(folder)
-        cmd = [sys.executable, os.path.join(HERE, 'train.py'), f'--config={config}', *GRID_FLAGS.get(config, []),
+        cmd = [sys.executable, os.path.join(ROOT, 'train.py'), f'--config={config}', *GRID_FLAGS.get(config, []),
                *flags, f'--seed={seed}', f'--out_dir={folder}', *extra]
         state = 'new'
         # a grid takes a while: rerunning the command must never redo finished work or lose an interrupted run
