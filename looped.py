@@ -98,7 +98,9 @@ class LoopedConfig:
     bptt: int = knob(0, 'backprop through the last bptt loops only (the carried state detached before them); 0: all',
                      tag='bptt')
     # ---- implementation choices (the same model either way, or nearly)
-    tie_weights: Optional[bool] = knob(None, "LM head shares the token embedding; unset: tied for init=paper only")
+    # unset, it follows init: each recipe is one flag, and the authors tie the head where nanoGPT's gpt2 recipe here
+    # draws its own
+    tie_weights: Optional[bool] = knob(None, "LM head shares the token embedding; unset: tied unless init=gpt2")
     attention: str = knob('sdpa', "'sdpa' (fused / flash kernels) or 'manual' (the same math, spelled out)",
                           ('sdpa', 'manual'), variant=False)
     norm_eps: float = knob(1e-6, 'epsilon of every RMSNorm, as in the authors\' release')
@@ -373,7 +375,8 @@ class LoopedGPT(nn.Module):
                        only (each earlier pass still gets its own readout's gradient under per-loop supervision)
           injection    'add': h + e (so pass 1 runs on 2e); 'concat': W [h; e], W = [I | 0] at initialization"""
         b = self.config.bptt
-        if b and k == n_loop - b + 1 and k > 1:
+        first_with_grad = n_loop - b + 1  # the first of the last b passes, the only ones backprop reaches
+        if b and k == first_with_grad and k > 1:  # (at pass 1 there is nothing earlier to cut off)
             h = h.detach()
         if self.config.injection == 'add':
             return h + e
@@ -395,12 +398,18 @@ class LoopedGPT(nn.Module):
             h = self.loop_step(self.pass_input(h_in, e, k, n_loop))  # (B, T, C)
             if intervene is not None:
                 h = intervene(k, h_in, h)
-                if isinstance(h, tuple):
+                if isinstance(h, tuple):  # rows left the batch: e must keep the same rows as h for the next pass
                     h, keep = h
                     e = e[keep]
             yield k, h
+            # after the yield, so that what the caller reads out is h_k itself; the next pass starts from its norm
             if self.inter_norm is not None:
                 h = self.inter_norm(h)
+
+    # The head, from the inside out, one entry point a use: head_input (coda, then readout), readout_logits (then
+    # the LM head), next_logits (the last position only: generation), head_loss (LM head and cross-entropy, the
+    # part compile_regions compiles) and readout_loss (head_input then head_loss: what per-loop supervision
+    # checkpoints, a function of its own because checkpoint() recomputes it in backward).
 
     def head_input(self, h, k):
         """What the LM head reads of h_k (B, T, C) at loop k: the coda's layers (if any), then the readout."""
@@ -488,7 +497,9 @@ class LoopedGPT(nn.Module):
         float32 logits are never written). Checkpoints keep the plain weights: nothing is renamed."""
         for block in [*self.blocks, *self.prelude, *self.coda]:
             block.compile()
-        self.head_loss = torch.compile(self.head_loss)  # an instance attribute that shadows the method
+        # an instance attribute of the method's own name: every caller (forward, readout_loss, diagnose) gets the
+        # compiled one with no flag to pass, and del model.head_loss would bring back the plain method
+        self.head_loss = torch.compile(self.head_loss)
         return self
 
     def flops_per_token(self, n_loop=None):

@@ -21,7 +21,6 @@ measurements of a trained model (lab/diagnose.py).
 
 import argparse
 import math
-import os
 import sys
 import time
 from dataclasses import fields
@@ -32,10 +31,11 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from lab import runs
+from lab import configs
 from lab.configs import CONFIGS
 from data import DATASETS, find_dataset
 from data.common import check_same_data, read_dataset
-from lab.runtime import check_replicas, end_distributed, fmt_mfu, peak_flops, resolve_device, setup_distributed
+from lab.runtime import check_replicas, end_distributed, peak_flops, resolve_device, setup_distributed
 from looped import LoopedConfig, LoopedGPT, sampled_depth
 
 
@@ -80,8 +80,8 @@ def get_parser():
     p.add_argument('--dataset', default='shakespeare_char',
                    help=f"one of {', '.join(DATASETS)} (folders under data/), or a path to a folder with "
                         "train.bin, val.bin and meta.json")
-    p.add_argument('--out_dir', default=None, help='default: out/<config>, plus every variant flag that is not at its '
-                                                   'default: out/laptop-readout_raw, out/laptop-supervision_terminal-pen0.01, ...')
+    p.add_argument('--out_dir', default=None, help='default: out/<config> plus each variant flag not at its default: '
+                                                   'out/laptop-readout_raw, out/laptop-readout_raw-pen0.01, ...')
     p.add_argument('--resume', type=str2bool, nargs='?', const=True, default=False, help='continue the run in out_dir')
     p.add_argument('--overwrite', type=str2bool, nargs='?', const=True, default=False,
                    help='start afresh even if out_dir already holds a run (its ckpt.pt and log.jsonl are replaced)')
@@ -96,12 +96,11 @@ def get_parser():
 def parse_args(argv=None):
     """Two passes: the first finds --config, whose values then become the defaults of the second."""
     first = argparse.ArgumentParser(add_help=False)
-    first.add_argument('--config', default='laptop')
-    first.add_argument('--max_iters')
-    first.add_argument('--epochs')
+    for name in ('--config', '--max_iters', '--epochs'):
+        first.add_argument(name)
     known, _ = first.parse_known_args(argv)
     parser = get_parser()
-    parser.set_defaults(**CONFIGS.get(known.config, {}))  # an unknown name is reported by the full parser
+    parser.set_defaults(**CONFIGS.get(known.config or 'laptop', {}))  # an unknown name is reported by the full parser
     args = parser.parse_args(argv)
     # steps come from --max_iters or from --epochs; a paper configuration's epochs give way to an explicit --max_iters
     if known.max_iters is not None and known.epochs is not None:
@@ -110,11 +109,10 @@ def parse_args(argv=None):
         args.epochs = None
     if args.resume and args.overwrite:
         parser.error("--resume continues a run and --overwrite replaces it: give one of them")
-    for name in ('batch_size', 'eval_interval', 'eval_iters', 'log_interval') + (('max_iters',) if args.epochs is None else ()):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name}={getattr(args, name)} must be at least 1")
     finite = lambda v: v is not None and math.isfinite(v)  # nan and inf pass comparisons that were not meant for them
-    for name, ok, want in (('grad_accum', args.grad_accum is None or args.grad_accum >= 1, 'at least 1'),
+    counts = ('batch_size', 'eval_interval', 'eval_iters', 'log_interval') + (('max_iters',) if args.epochs is None else ())
+    for name, ok, want in (*((n, getattr(args, n) >= 1, 'at least 1') for n in counts),
+                           ('grad_accum', args.grad_accum is None or args.grad_accum >= 1, 'at least 1'),
                            ('warmup_iters', args.warmup_iters >= 0, 'at least 0 (0: no warmup)'),
                            ('learning_rate', finite(args.learning_rate) and args.learning_rate > 0, 'a finite number > 0'),
                            ('weight_decay', finite(args.weight_decay) and args.weight_decay >= 0, 'a finite number >= 0'),
@@ -139,15 +137,6 @@ def given_flags(argv=None):
 def model_config(args, vocab_size=65):
     """The LoopedConfig that the flags describe (ValueError for invalid combinations)."""
     return LoopedConfig(vocab_size=vocab_size, **{name: getattr(args, name) for name in runs.MODEL_FLAGS})
-
-
-def steps_from_epochs(epochs, n_tokens, block_size, global_batch):
-    """Optimizer steps for a number of epochs, counted as the authors count them: the training tokens are cut
-    into windows of block_size at stride block_size // 2 (so every token is in about two windows), and an epoch
-    is one pass over those windows. Returns (steps, windows per epoch)."""
-    stride = block_size // 2
-    windows = (n_tokens - block_size - 1) // stride + 1
-    return math.ceil(epochs * windows / global_batch), windows
 
 
 class Data:
@@ -224,7 +213,7 @@ def setup(args, given):
         config.vocab_size = data.meta['vocab_size']
         if args.epochs is not None:
             n, T = len(data.splits['train']), config.block_size
-            args.max_iters, windows = steps_from_epochs(args.epochs, n, T, global_batch)
+            args.max_iters, windows = configs.steps_from_epochs(args.epochs, n, T, global_batch)
             if rank == 0:
                 print(f"{args.epochs:g} epochs x {windows:,} windows ({n:,} tokens in windows of {T} at stride "
                       f"{T // 2}) / {global_batch} per step = {args.max_iters:,} steps")
@@ -297,17 +286,10 @@ def eval_record(raw_model, val_batches, train_batches, K, ctx, step, t_start, al
             'elapsed_s': round(time.time() - t_start, 2), **({'alpha': alpha().item()} if alpha else {})}
 
 
-def eval_line(record, K):
-    """The evaluation line: validation loss at depths 1..K and 2K, ||h_k|| at loops 1..K and 2K, alpha if learned."""
-    val_loss, val_norm = record['val_loss'], record['hidden_norm']
-    return (f"eval {record['step']}: val loss by depth " + ' '.join(f'{v:.3f}' for v in val_loss[:K])
-            + f" | 2K {val_loss[-1]:.3f} | ||h_k|| " + ' '.join(f'{v:.1f}' for v in val_norm[:K])
-            + f" | 2K {val_norm[-1]:.1f}" + (f" | alpha {record['alpha']:.3f}" if 'alpha' in record else ''))
-
-
 def optimizer_step(model, optimizer, data, args, micro_steps, world, ctx, n_loop):
     """One optimizer step at n_loop loops: micro_steps forward/backward passes, clip, AdamW. Returns the mean loss
-    over the micro-steps (a float) and the last micro-step's stats."""
+    over the micro-steps (a tensor on the device: reading it would wait for the device) and the last micro-step's
+    stats."""
     lossf = 0.0
     for micro in range(micro_steps):
         x, y = data.train_batch()
@@ -316,7 +298,7 @@ def optimizer_step(model, optimizer, data, args, micro_steps, world, ctx, n_loop
         with ctx:
             _, loss, stats = model(x, y, n_loop=n_loop)
         (loss / micro_steps).backward()
-        lossf += loss.item() / micro_steps  # one sync per step buys an exact step number on divergence
+        lossf = lossf + loss.detach() / micro_steps
     if args.grad_clip > 0:
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
     optimizer.step()
@@ -324,13 +306,15 @@ def optimizer_step(model, optimizer, data, args, micro_steps, world, ctx, n_loop
     return lossf, stats
 
 
-def progress_line(step, max_iters, train_ces, stats, dt, tokens_per_step, flops_per_token, peak, eta, r=None):
-    """The progress line: mean training loss since the last one, ||h_K|| now (h_r under sampled depth, with r),
-    speed, MFU and time left."""
-    return (f"step {step}/{max_iters} | loss {torch.stack(train_ces).mean().item():.4f} | "
-            + (f"r {r} | ||h_r|| " if r is not None else "||h_K|| ") +
-            f"{stats['hidden_norm'][-1].item():.1f} | {dt * 1000:.0f} ms/step | {tokens_per_step / dt:,.0f} tok/s | "
-            f"MFU {fmt_mfu(tokens_per_step / dt, flops_per_token, peak)} | ETA {runs.fmt_time(eta)}")
+def check_finite(losses, step, run):
+    """Stop on a non-finite training loss, naming its step. losses: the loss tensors of the steps up to `step` since
+    the last check, read in one sync (at log and evaluation steps, as nanoGPT reads its loss) instead of each step."""
+    values = torch.stack(losses).tolist() if losses else []
+    losses.clear()
+    for i, v in enumerate(values):
+        if not math.isfinite(v):
+            runs.fail(f"training loss is {v} at step {step - len(values) + 1 + i}; stopping, {runs.kept(run)} "
+                      "(try a lower --learning_rate)")
 
 
 def train(args, model, raw_model, optimizer, data, run, rt, world, micro_steps, state, interrupts, say):
@@ -343,17 +327,18 @@ def train(args, model, raw_model, optimizer, data, run, rt, world, micro_steps, 
     peak, flops_per_token = peak_flops(rt.device), raw_model.flops_per_token()
     save = lambda: run.save(runs.checkpoint_state(raw_model, optimizer, args, step, best_val_loss, last_eval_step,
                                                   last_record, data), step) if master else None
-    t_start, step_start, t_last, train_ces = time.time(), step, time.time(), []
+    t_start, step_start, t_last, train_ces, losses = time.time(), step, time.time(), [], []
     while True:
-        # ---- evaluate, save, then log
+        # ---- evaluate, save, then log (a diverged run stops first: its weights are never saved)
         if (step % args.eval_interval == 0 or step == args.max_iters) and step != last_eval_step:
+            check_finite(losses, step, run)
             last_record = eval_record(raw_model, val_batches, train_batches, K, ctx, step, t_start, alpha, run)
             best_val_loss, last_eval_step = min(best_val_loss, last_record['val_loss'][K - 1]), step
             if step > 0:
                 save()  # first the checkpoint, then the log: the log never runs ahead of it
             if master:
                 run.log(last_record)
-            say(eval_line(last_record, K))
+            say(runs.eval_line(last_record, K))
         if step >= args.max_iters:
             break
         if args.warmup_iters:  # linear warmup: step i (0-based) trains at (i + 1) / warmup_iters of the rate
@@ -365,17 +350,19 @@ def train(args, model, raw_model, optimizer, data, run, rt, world, micro_steps, 
 
         # ---- agree across processes, stop on divergence, print progress, honour Ctrl-C
         stop = interrupts.requested  # read once: a signal landing after this line is seen at the next step
-        if world > 1:  # every process must see the same loss and the same Ctrl-C, or some would wait forever
-            shared = torch.tensor([lossf, float(stop)], device=rt.device)
-            dist.all_reduce(shared)
-            lossf, stop = shared[0].item() / world, shared[1].item() > 0
-        if not math.isfinite(lossf):
-            runs.fail(f"training loss is {lossf} at step {step}; stopping, {runs.kept(run)} (try a lower --learning_rate)")
+        if world > 1:  # every process must see the same loss and Ctrl-C at the same step, or some would wait forever
+            shared = torch.stack([lossf.float(), torch.tensor(float(stop), device=rt.device)])
+            dist.all_reduce(shared)  # a sync every step, which a single process goes without
+            lossf, stop = shared[0] / world, shared[1].item() > 0
+        losses.append(lossf)
         train_ces.append(stats['ce'][-1])
-        if step % args.log_interval == 0 or step == args.max_iters:
+        log_step = step % args.log_interval == 0 or step == args.max_iters
+        if log_step or stop or world > 1:  # the losses are read at log steps (and before a save)
+            check_finite(losses, step, run)
+        if log_step:
             dt = (time.time() - t_last) / len(train_ces)
             eta = (time.time() - t_start) / (step - step_start) * (args.max_iters - step)
-            say(progress_line(step, args.max_iters, train_ces, stats, dt, tokens_per_step, flops_per_token, peak, eta,
+            say(runs.progress_line(step, args.max_iters, train_ces, stats, dt, tokens_per_step, flops_per_token, peak, eta,
                               None if raw_model.config.depth_sampling == 'fixed' else r))
             t_last, train_ces = time.time(), []
         if stop:

@@ -3,6 +3,8 @@ The named configurations of train.py --config: sizes, steps, evaluation and lear
 on the command line overrides its value here; the model flags themselves are described in looped.LoopedConfig.
 """
 
+import math
+
 # 'laptop' is the default: on a 2-core CPU it trains, evaluates and checkpoints in a few minutes and its log shows
 # the blind spot.
 CONFIGS = {
@@ -24,7 +26,7 @@ CONFIGS = {
     # The authors' recipe: the whole stack looped K=4 times, SwiGLU, tied embeddings, dropout 0.1, AdamW 3e-4
     # constant with weight decay 0.01 on everything, clip 1.0, context 256, 4 epochs of WikiText-103 with the
     # word-level tokenizer (python -m data.wikitext103.prepare). An epoch is counted their way: one pass over
-    # the windows of 256 tokens taken at stride 128 (see train.steps_from_epochs). For a GPU; on a CPU try
+    # the windows of 256 tokens taken at stride 128 (see steps_from_epochs). For a GPU; on a CPU try
     # --max_iters=2 --batch_size=2.
     'paper_44m': dict(n_layer=8, n_embd=512, n_head=8, n_loop=4, block_size=256, batch_size=64, dropout=0.1,
                       max_iters=None, epochs=4, eval_interval=1000, eval_iters=20, log_interval=50,
@@ -33,3 +35,12 @@ CONFIGS = {
                        max_iters=None, epochs=4, eval_interval=1000, eval_iters=20, log_interval=50,
                        learning_rate=3e-4, dataset='wikitext103'),
 }
+
+
+def steps_from_epochs(epochs, n_tokens, block_size, global_batch):
+    """Optimizer steps for a number of epochs, counted as the authors count them: the training tokens are cut
+    into windows of block_size at stride block_size // 2 (so every token is in about two windows), and an epoch
+    is one pass over those windows. Returns (steps, windows per epoch)."""
+    stride = block_size // 2
+    windows = (n_tokens - block_size - 1) // stride + 1
+    return math.ceil(epochs * windows / global_batch), windows
