@@ -7,8 +7,8 @@ The paper's figures and tables from training logs (out/*/log.jsonl); with --run,
 
 Writes to --fig_dir: fig1_norm_explosion (||h_K|| against step), fig2_norm_by_loop (||h_k|| against loop k),
 fig3_loss_by_depth (loss at exit depths 1..K and 2K), fig5_alpha (the alpha readout's exponent),
-fig6_crossover (claim 4: loss at depth K against step, and the paired gap to --reference), table.md and
-table.csv (per condition, mean +- std over seeds; table.md's second table and paired.csv: the paired
+fig6_crossover (claim 4: loss at depth K against step, and the paired gap to --reference), each a PNG and an
+SVG, table.md and table.csv (per condition, mean +- std over seeds; table.md's second table and paired.csv: the paired
 differences), and from each run's checkpoint the timed early-exit benchmark (exit_table.md, fig4_pareto;
 time it on an otherwise idle machine). Every run is read at its own K (the n_loop in its log header).
 
@@ -16,24 +16,18 @@ Not here: training and reading the runs (lab/grid.py), which runs are pairs and 
 early-exit measurement (lab/diagnose.py: exit_results, exit_summary, plot_pareto).
 """
 
-import argparse
-import csv
-import io
 import os
-import shlex
-import sys
 
-import matplotlib
 import numpy as np
 
-matplotlib.use('Agg')  # files only; no display needed (before pyplot is imported)
-import matplotlib.pyplot as plt  # noqa: E402
-
 from lab import diagnose
-from lab.configs import CONFIGS
-from data.common import check_writable, write_atomically
 from lab.grid import GRIDS, LogError, grid_of, group_runs, load_runs, run_grid, slug
+from lab.report import (at_least, check_destination, fail, markdown, pyplot, run_main, runs_flags, save_figure,
+                        split_flags, tool_parser, write_csv, write_text)
 from lab.stats import LEVEL, REFERENCE, pair_up, paired_diffs, paired_rows, paired_stats, progress
+
+plt = pyplot()  # on Agg: files only, no display needed
+PROG = 'plot_norms.py'
 
 # Okabe-Ito colours (colour-blind safe; its yellow swapped for a darker wine, which reads on white) with
 # line styles and markers, so the figures also read in grey.
@@ -79,14 +73,10 @@ def describe(runs):
 
 
 def finish(fig, ax, path):
-    """Grid, legend outside the axes (the lines need the room), PNG plus an SVG copy for papers and slides."""
+    """Grid, legend outside the axes (the lines need the room), then the PNG and its SVG copy."""
     ax.grid(True, which='both', alpha=0.3)
     ax.legend(fontsize=8, loc='upper left', bbox_to_anchor=(1.01, 1))
-    fig.tight_layout()
-    save_figure(fig, path, dpi=130)
-    save_figure(fig, path[:-4] + '.svg')
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def exit_depths(K):
@@ -243,10 +233,7 @@ def plot_crossover(groups, style, paired, reference, title, fig_dir):
     # each panel names its own band (std over seeds, or a t interval over pairs): the common title line does not
     fig.suptitle(f"Claim 4: does scale control win at matched depth with longer training?\n{title.splitlines()[0]}",
                  fontsize=10)
-    fig.tight_layout()
-    save_figure(fig, os.path.join(fig_dir, 'fig6_crossover.png'), dpi=130)
-    plt.close(fig)
-    return os.path.join(fig_dir, 'fig6_crossover.png')
+    return save_figure(fig, os.path.join(fig_dir, 'fig6_crossover.png'))
 
 
 def table(groups, fig_dir, paired, reference=REFERENCE, behind=()):
@@ -299,35 +286,9 @@ def paired_table(paired, reference, fig_dir):
     return '\n\n'.join(lines)
 
 
-def write_text(path, text):
-    """Write a table through a fresh temporary file (a link planted at path is replaced, never followed)."""
-    write_atomically(path, lambda f: f.write(text.encode('utf-8')))
-
-
-def write_csv(path, rows):
-    """A CSV table, written the same way."""
-    buf = io.StringIO()
-    csv.writer(buf).writerows(rows)
-    write_text(path, buf.getvalue())
-
-
-def save_figure(fig, path, **kwargs):
-    """fig.savefig through a fresh temporary file, in the format the name says (png, svg)."""
-    write_atomically(path, lambda f: fig.savefig(f, format=path.rsplit('.', 1)[-1], **kwargs))
-
-
-def markdown(header, rows):
-    """A markdown table's text."""
-    lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)] + ['| ' + ' | '.join(r) + ' |' for r in rows]
-    return '\n'.join(lines)
-
-
 def get_parser():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.error = lambda msg: sys.exit(f"plot_norms.py: error: {msg}")
-    p.add_argument('runs', nargs='*', help='run folders or quoted globs (default with --run: the grid folders)')
-    p.add_argument('--run', action='store_true', help='train the grid of conditions first (reusing finished runs)')
-    p.add_argument('--config', default='laptop', choices=list(CONFIGS), help='train.py configuration for --run')
+    p = tool_parser(PROG, __doc__)
+    runs_flags(p, 'the grid of conditions', 'laptop', os.path.join('out', 'grid'), '--max_iters=100')
     p.add_argument('--seeds', type=int, default=1, help='seeds per condition for --run (seeds 1..N)')
     p.add_argument('--grid', default=None, choices=list(GRIDS),
                    help="--run: which named grid of conditions to train (default: claim4 for laptop_long, readouts for "
@@ -336,7 +297,6 @@ def get_parser():
     p.add_argument('--conditions', default=None,
                    help='--run: comma-separated conditions of the grid to train (default: all of them), by folder '
                         'name, e.g. ' + ', '.join(map(slug, GRIDS['paper'])))
-    p.add_argument('--out_root', default='out/grid', help='where --run puts its run folders')
     p.add_argument('--fig_dir', default=None, help='where figures and tables go (default: out/figures/<config> with '
                                                    '--run, else out/figures; the committed figures/ change only when '
                                                    'named here)')
@@ -346,27 +306,19 @@ def get_parser():
     p.add_argument('--reference', default=None,
                    help=f"the condition every other is paired with, seed by seed, by folder name or condition name "
                         f"(default: {slug(REFERENCE)} when there are such runs)")
-    p.add_argument('--train_args', default='', help="extra train.py flags for --run, e.g. '--max_iters=100'")
     return p
 
 
 def check_flags(p, args):
     """Everything about the flags that can be wrong, before any work: the extra train.py flags, the conditions and
     the destination. Returns (train_args, conditions or None for the configuration's grid, fig_dir)."""
-    if args.seeds < 1:
-        p.error(f"--seeds={args.seeds} must be at least 1")
+    at_least(p, '--seeds', args.seeds, 1)
     if not args.run and not args.runs:
         p.error("name run folders to plot, or pass --run to train the grid")
-    try:
-        train_args = shlex.split(args.train_args)
-    except ValueError as e:  # an unclosed quote, say
-        p.error(f"--train_args={args.train_args!r}: {e}")
+    train_args = split_flags(p, args.train_args)
     # untracked by default: the committed reference figures change only when --fig_dir names them
     fig_dir = args.fig_dir or os.path.join('out', 'figures', *([args.config] if args.run else []))
-    try:  # before the grid's hours and the benchmark's minutes, not after them
-        check_writable(os.path.join(fig_dir, 'table.md'))
-    except ValueError as e:
-        p.error(f"--fig_dir: {e}")
+    check_destination(p, os.path.join(fig_dir, 'table.md'), '--fig_dir')  # before the grid's hours, not after them
     names = None
     if args.conditions is not None:
         by_slug = {slug(n): n for n in grid_of(args.config, args.grid)}
@@ -383,7 +335,7 @@ def read_runs(args, folders):
     try:
         return load_runs(args.runs, folders)
     except LogError as e:
-        sys.exit(f"plot_norms.py: error: {e}")
+        fail(PROG, e)
 
 
 def pick_reference(p, args, runs):
@@ -410,7 +362,7 @@ def exit_benchmark(groups, runs, max_windows):
     try:
         return diagnose.exit_results(groups, max_windows)
     except (ValueError, OSError) as e:  # an unreadable checkpoint or dataset: say which, in one line
-        sys.exit(f"plot_norms.py: error: no early-exit benchmark: {e}")
+        fail(PROG, f"no early-exit benchmark: {e}")
 
 
 def main(argv=None):
@@ -441,8 +393,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    try:
-        main()
-    except KeyboardInterrupt:  # outside a training run (reading logs, drawing): nothing to save, and no traceback
-        print("plot_norms.py: interrupted", file=sys.stderr)
-        sys.exit(130)
+    run_main(main, PROG)

@@ -19,6 +19,7 @@ import sys
 
 import torch
 
+from lab.report import at_least, one_line_errors
 from lab.runs import condition_name, load_model
 from lab.runtime import resolve_device
 from looped import EXITS
@@ -81,8 +82,7 @@ def show_depth(prompt, pieces, depths, n_loop, ansi):
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description='Sample from a looped model checkpoint.')
-    p.error = lambda msg: sys.exit(f"sample.py: error: {msg}")
+    p = one_line_errors(argparse.ArgumentParser(description='Sample from a looped model checkpoint.'), 'sample.py')
     p.add_argument('--out_dir', default='out/laptop', help='the run folder that holds ckpt.pt (default: the demo run)')
     p.add_argument('--start', default='\n', help='prompt text, or FILE:path to read it from a file')
     p.add_argument('--num_samples', type=int, default=2)
@@ -106,8 +106,7 @@ def get_parser():
 def main(argv=None):
     p = get_parser()
     args = p.parse_args(argv)
-    if args.n_loop is not None and args.n_loop < 1:
-        p.error(f"--n_loop={args.n_loop} must be at least 1")
+    at_least(p, '--n_loop', args.n_loop, 1)
     if args.exit != 'none' and args.exit_threshold is None:
         p.error(f"--exit={args.exit} needs --exit_threshold")
     if not args.temperature > 0 or args.top_k < 1 or args.num_samples < 1 or args.max_new_tokens < 0:
@@ -128,7 +127,7 @@ def main(argv=None):
                 start = f.read()
         ids = encode(start)
     except (ValueError, OSError) as e:
-        sys.exit(f"sample.py: error: {e}")
+        p.error(str(e))
     if not ids:
         p.error("the start text is empty")
 

@@ -33,6 +33,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from lab import runs
 from lab import configs
 from lab.configs import CONFIGS
+from lab.report import one_line_errors
 from data import DATASETS, find_dataset
 from data.common import check_same_data, read_dataset
 from lab.runtime import check_replicas, end_distributed, peak_flops, resolve_device, setup_distributed
@@ -49,8 +50,7 @@ def str2bool(s):
 def get_parser():
     p = argparse.ArgumentParser(description='Train a looped transformer LM.',
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    # a one-line error instead of argparse's usage block, which is longer than the screen here
-    p.error = lambda msg: sys.exit(f"train.py: error: {msg}")
+    one_line_errors(p, 'train.py')  # one line, not argparse's usage block, which is longer than the screen here
     p.add_argument('--config', default='laptop', choices=CONFIGS, help='named configuration; flags override it')
     # the model: one flag per LoopedConfig field (looped.py declares each one, its choices and its help)
     for f in fields(LoopedConfig):

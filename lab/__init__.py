@@ -7,7 +7,7 @@ loop train.py, at the repository's root; the tools here run from the root as `py
     runtime        device, dtype and compile (resolve_device), MFU, the torchrun process group
     grid           the grids of conditions, training them, reading their logs
     stats          paired statistics across seeds
-    report         the tables, CSV files and figures every tool writes, and their one-line errors
+    report         the tables, CSV files and figures every tool writes, their shared flags and one-line errors
     diagnose       measurements of a trained model (python -m lab.diagnose)
     matched_depth  the exit rules at matched depth (python -m lab.matched_depth)
     atlas          the field's designs under rmsnorm and raw (python -m lab.atlas)

@@ -12,24 +12,21 @@ The runs are the grid's (grid.run_grid with grid='atlas', folders under --out_ro
 reused, interrupted ones resumed, Ctrl-C saves the running one and the same command continues. Writes to
 --fig_dir: atlas.md (table 1: the prediction written before the runs, grid.PREDICTIONS, next to each
 measurement and whether they agree; table 2: validation loss at depths 1..K and 2K), atlas.csv, and
-fig8_atlas.png (||h_K|| against training step, one panel per design, both readouts).
+fig8_atlas.png and .svg (||h_K|| against training step, one panel per design, both readouts).
 
 Not here: the designs themselves (looped.py), their predictions and flags (lab/grid.py: DESIGNS, PREDICTIONS), the
 exit rules at matched depth (lab/matched_depth.py --against).
 """
 
-import argparse
-import csv
-import io
 import os
-import shlex
-import sys
 
 import numpy as np
 
-from data.common import check_writable, write_atomically
-from lab.configs import CONFIGS
 from lab.grid import ATLAS_DESIGN, ATLAS_READOUTS as READOUTS, PREDICTIONS, LogError, group_runs, load_runs, run_grid
+from lab.report import (at_least, check_destination, markdown, pyplot, run_main, save_figure, split_flags, tool_parser,
+                        train_flags, write_csv, write_text)
+
+PROG = 'python -m lab.atlas'
 
 CARRIED = 1.5  # ||h_K|| / ||h_1|| above this: the scale is carried from loop to loop (below: removed)
 LARGE = 100.0  # ||h_K|| above this: large (the scale grew where nothing holds it), below: small
@@ -95,23 +92,19 @@ def tables(results):
             csv_rows.append([design, r, s['seeds'], s['step'], f"{s['norm'][0]:.2f}", f"{s['norm'][1]:.2f}",
                              f"{s['ratio'][0]:.3f}", f"{s['ratio'][1]:.3f}", ' '.join(f"{v:.4f}" for v in s['loss']),
                              want, level, agree(ok).strip('*')])
-    md = lambda head, rows: '\n'.join(['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
-                                      + ['| ' + ' | '.join(r) + ' |' for r in rows])
     text = (f"Table 1. The state's scale per design, at the last evaluation, mean ± std over seeds. Predictions "
             f"(grid.PREDICTIONS, written before the runs): 'carried' means ‖h_K‖/‖h_1‖ > {CARRIED:g} (nothing "
-            f"renormalizes the state between loops), 'large' means ‖h_K‖ > {LARGE:g}.\n\n" + md(head1, rows1)
+            f"renormalizes the state between loops), 'large' means ‖h_K‖ > {LARGE:g}.\n\n" + markdown(head1, rows1)
             + "\n\nWhy each prediction was made:\n\n" + '\n'.join(f"- {d}: {PREDICTIONS[d][3]}" for d in results)
-            + "\n\nTable 2. Validation loss (nats) at exit depths 1..K and 2K, mean over seeds.\n\n" + md(head2, rows2)
-            + '\n')
+            + "\n\nTable 2. Validation loss (nats) at exit depths 1..K and 2K, mean over seeds.\n\n"
+            + markdown(head2, rows2) + '\n')
     return text, csv_rows
 
 
 def plot(groups, names, path, title):
-    """fig8_atlas.png: ||h_K|| against training step (log norm axis, from step 0: the initialization), one panel
-    per design, both readouts (mean over seeds, a band from the lowest to the highest seed)."""
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+    """fig8_atlas.png and .svg: ||h_K|| against training step (log norm axis, from step 0: the initialization), one
+    panel per design, both readouts (mean over seeds, a band from the lowest to the highest seed)."""
+    plt = pyplot()
     designs = list(dict.fromkeys(d for d, _ in names.values()))
     cols = 4
     rows = -(-len(designs) // cols)
@@ -141,45 +134,35 @@ def plot(groups, names, path, title):
         ax.set_ylabel('‖h_K‖ (validation)')
     fig.suptitle(f"The atlas: final-loop norm against training step per design, rmsnorm and raw readouts\n{title}",
                  fontsize=10)
-    fig.tight_layout()
-    write_atomically(path, lambda f: fig.savefig(f, format='png', dpi=120))
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=120)
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.error = lambda msg: sys.exit(f"lab/atlas.py: error: {msg}")
+    p = tool_parser(PROG, __doc__)
     p.add_argument('runs', nargs='*', help='run folders or quoted globs to read instead of training the atlas; '
                                            'runs of other conditions are left out')
     p.add_argument('--seeds', type=int, default=3, help='seeds per condition (seeds 1..N)')
-    p.add_argument('--config', default='laptop', choices=list(CONFIGS), help='train.py configuration of the runs')
-    p.add_argument('--out_root', default=os.path.join('out', 'grid'), help='where the run folders are (and go)')
+    train_flags(p, 'laptop', os.path.join('out', 'grid'), '--max_iters=40')
     p.add_argument('--fig_dir', default=os.path.join('out', 'figures', 'atlas'),
                    help='where the table and figure go (the committed figures/atlas changes only when named here)')
-    p.add_argument('--train_args', default='', help="extra train.py flags, e.g. '--max_iters=40'")
     return p
 
 
 def main(argv=None):
     p = get_parser()
     args = p.parse_args(argv)
-    if args.seeds < 1:
-        p.error(f"--seeds={args.seeds} must be at least 1")
-    try:
-        extra = shlex.split(args.train_args)
-        check_writable(os.path.join(args.fig_dir, 'atlas.md'))  # before the runs, not after them
-    except ValueError as e:
-        p.error(str(e))
+    at_least(p, '--seeds', args.seeds, 1)
+    extra = split_flags(p, args.train_args)
+    check_destination(p, os.path.join(args.fig_dir, 'atlas.md'), '--fig_dir')  # before the runs, not after them
     folders = [] if args.runs else run_grid(args.config, range(1, args.seeds + 1), args.out_root, extra, grid='atlas',
-                                            prog='lab/atlas.py')
+                                            prog=PROG)
     try:
         groups = group_runs(load_runs(args.runs, folders))
     except LogError as e:
-        sys.exit(f"lab/atlas.py: error: {e}")
+        p.error(str(e))
     groups = {name: runs for name, runs in groups.items() if name in ATLAS_DESIGN}
     if not groups:
-        sys.exit("lab/atlas.py: error: none of the runs is an atlas condition (grid.ATLAS); train them with lab/atlas.py")
+        p.error(f"none of the runs is an atlas condition (grid.ATLAS); train them with {PROG}")
     results = {}
     for name, (design, readout) in ATLAS_DESIGN.items():
         if name in groups:  # seeds at the condition's furthest evaluation only: means never mix steps
@@ -190,22 +173,16 @@ def main(argv=None):
             groups[name] = [run for run in groups[name] if run['records'][-1]['step'] == last]
             results.setdefault(design, {})[readout] = summarize(groups[name])
     text, rows = tables(results)
-    buf = io.StringIO()
-    csv.writer(buf).writerows(rows)
-    write_atomically(os.path.join(args.fig_dir, 'atlas.md'), lambda f: f.write(text.encode()))
-    write_atomically(os.path.join(args.fig_dir, 'atlas.csv'), lambda f: f.write(buf.getvalue().encode()))
+    write_text(os.path.join(args.fig_dir, 'atlas.md'), text)
+    write_csv(os.path.join(args.fig_dir, 'atlas.csv'), rows)
     first = next(iter(groups.values()))[0]
     m = first['config']['model']
     title = (f"{args.config}: {m['n_layer']} layers x K={m['n_loop']}, d={m['n_embd']}, "
              f"{first['config']['max_iters']} steps, per-loop supervision")
     path = plot(groups, ATLAS_DESIGN, os.path.join(args.fig_dir, 'fig8_atlas.png'), title)
     print(text)
-    print(f"wrote {os.path.join(args.fig_dir, 'atlas.md')}, atlas.csv and {path}")
+    print(f"wrote {os.path.join(args.fig_dir, 'atlas.md')}, atlas.csv, {path} and its .svg")
 
 
 if __name__ == '__main__':
-    try:
-        main()
-    except KeyboardInterrupt:  # outside a training run (reading logs, drawing): nothing to save
-        print("lab/atlas.py: interrupted", file=sys.stderr)
-        sys.exit(130)
+    run_main(main, PROG)

@@ -37,9 +37,12 @@ import torch
 
 from data.common import check_writable, write_atomically
 import train  # lab/bench.py times train.py's training step, so it takes train.py's flags and model config
+from lab.report import fail, markdown
 from lab.runs import condition_name
 from lab.runtime import fmt_mfu, peak_flops, resolve_device, synchronize
 from looped import LoopedConfig, LoopedGPT
+
+PROG = 'python -m lab.bench'
 
 
 def peak_rss_mib():
@@ -107,9 +110,9 @@ def parse(argv=None):
         sys.exit(0)
     try:
         return mine, train.parse_args(rest)
-    except SystemExit as e:  # train.py's parser names itself; the user typed lab/bench.py
+    except SystemExit as e:  # train.py's parser names itself; the user typed python -m lab.bench
         code = str(e.code)
-        sys.exit(code.replace('train.py: error:', 'lab/bench.py: error:', 1) if code.startswith('train.py: error:') else e.code)
+        sys.exit(code.replace('train.py: error:', f'{PROG}: error:', 1) if code.startswith('train.py: error:') else e.code)
 
 
 def main(argv=None):
@@ -119,15 +122,15 @@ def main(argv=None):
         try:
             check_writable(mine.json)  # before the suite's minutes of work, not after them
         except ValueError as e:
-            sys.exit(f"lab/bench.py: error: {e}")
+            fail(PROG, e)
         return suite(mine.json)
     if mine.vocab_size < 1 or mine.steps < 1 or mine.warmup < 0:
-        sys.exit("lab/bench.py: error: need --vocab_size >= 1, --steps >= 1 and --warmup >= 0")
+        fail(PROG, "need --vocab_size >= 1, --steps >= 1 and --warmup >= 0")
     try:
         rt = resolve_device(args.device, args.dtype, args.compile)
         config = train.model_config(args, mine.vocab_size)
     except ValueError as e:
-        sys.exit(f"lab/bench.py: error: {e}")
+        fail(PROG, e)
     print(rt.describe())
     device = rt.device
     torch.manual_seed(args.seed)
@@ -311,10 +314,10 @@ def blind_spot(s):
 def report(s, json_path):
     """The table and what was not measured, printed, and the same as JSON at json_path."""
     gpu_name = torch.cuda.get_device_name(s.rt.device) if s.gpu else None
-    table = ['| measure | configuration | result | goal |', '|---|---|---|---|']
-    table += [f"| {r['measure']} | {r['config']} | {r['result']} | {r['goal']} |" for r in s.rows]
+    table = markdown(['measure', 'configuration', 'result', 'goal'],
+                     [[r['measure'], r['config'], r['result'], r['goal']] for r in s.rows])
     print(f"\n{s.rt.describe()}" + (f" ({gpu_name})" if s.gpu else '') + '\n')
-    print('\n'.join(table))
+    print(table)
     if s.skipped:
         print('\nnot measured here:\n' + '\n'.join(f"- {line}" for line in s.skipped))
     result = {'device': s.rt.device, 'gpu': gpu_name, 'torch': torch.__version__, 'rows': s.rows,

@@ -20,7 +20,6 @@ Not here: training (train.py), generation (sample.py), the figures over a grid o
 import argparse
 import math
 import os
-import sys
 import time
 
 import numpy as np
@@ -28,10 +27,13 @@ import torch
 import torch.nn.functional as F
 
 from data import find_dataset
-from data.common import check_same_data, check_writable, read_dataset, write_atomically
+from data.common import check_same_data, check_writable, read_dataset
+from lab.report import at_least, markdown, pyplot, save_figure, tool_parser
 from lab.runs import condition_name, load_model
 from lab.runtime import resolve_device, synchronize
 from looped import EXITS, latent_change
+
+PROG = 'python -m lab.diagnose'
 
 SCALES = (0.1, 0.5, 1.0, 2.0, 10.0)
 CLAMPS = ('none', 'freeze', 'remove_radial')  # see clamp(): ways to take the radial part out of each loop
@@ -302,12 +304,10 @@ def exit_summary(results):
 
 
 def plot_pareto(results, path, title, styles):
-    """fig4_pareto.png: perplexity against measured throughput, one panel per exit score and one line per
+    """fig4_pareto.png and .svg: perplexity against measured throughput, one panel per exit score and one line per
     condition through its operating points (mean over seeds; styles: (colour, line, marker) per condition, the
     other figures' own); the star is the plain depth-K model."""
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     import matplotlib.ticker
     fig, axes = plt.subplots(1, len(SCORES), figsize=(15, 4.8), sharey=True)
     for ax, score in zip(axes, SCORES):
@@ -325,10 +325,7 @@ def plot_pareto(results, path, title, styles):
     axes[-1].legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.01, 1))
     fig.suptitle(f"Early exit per sequence: perplexity against measured speed (star: all sequences run K loops)\n{title}",
                  fontsize=10)
-    fig.tight_layout()
-    write_atomically(path, lambda f: fig.savefig(f, dpi=130, format='png'))  # never through a planted link
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 # ---- the scale mechanism ----
@@ -439,10 +436,9 @@ def lemma_check(model, x, n_loop=30):
 
 def plot_lemma(table, K, title, path):
     """Two panels against loop k: the scale s_k with the step across the direction, and the angle with c / s_k
-    (c fitted through loops 2..n) for reference. The grey line marks the trained K."""
-    import matplotlib
-    matplotlib.use('Agg')  # files only; no display needed
-    import matplotlib.pyplot as plt
+    (c fitted through loops 2..n) for reference. The grey line marks the trained K. A PNG at path, an SVG
+    beside it."""
+    plt = pyplot()
     k = np.arange(1, len(table) + 1)
     s, angle, step = table[:, 0], table[:, 2], table[:, 3]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
@@ -458,10 +454,7 @@ def plot_lemma(table, K, title, path):
         ax.grid(True, which='both', alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    write_atomically(path, lambda f: fig.savefig(f, dpi=130, format='png'))  # never through a planted link
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def val_tokens(ckpt, dataset=None, name='the checkpoint'):
@@ -477,11 +470,9 @@ def val_tokens(ckpt, dataset=None, name='the checkpoint'):
 
 def exit_table_text(rows):
     """exit_benchmark's rows as a markdown table."""
-    lines = ['| score | operating point | threshold | mean loops | ppl | tok/s |', '|---|---|---|---|---|---|']
-    for r in rows:
-        lines.append(f"| {r['score']} | {r['point']} | {r['threshold']:.4g} | {r['loops']:.2f} | {r['ppl']:.3f} | "
-                     f"{r['tok_s']:,.0f} |")
-    return '\n'.join(lines)
+    return markdown(['score', 'operating point', 'threshold', 'mean loops', 'ppl', 'tok/s'],
+                    [[r['score'], r['point'], f"{r['threshold']:.4g}", f"{r['loops']:.2f}", f"{r['ppl']:.3f}",
+                      f"{r['tok_s']:,.0f}"] for r in rows])
 
 
 def fmt_row(label, values, f='8.3f'):
@@ -490,8 +481,7 @@ def fmt_row(label, values, f='8.3f'):
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.error = lambda msg: sys.exit(f"lab/diagnose.py: error: {msg}")
+    p = tool_parser(PROG, __doc__)
     p.add_argument('--out_dir', default='out/laptop', help='the run folder that holds ckpt.pt')
     p.add_argument('--only', default='all', choices=['all', 'depth', 'exit', 'scale', 'lemma'])
     p.add_argument('--max_windows', type=int, default=None, help='cap on validation windows for depth and exit')
@@ -520,8 +510,7 @@ def load(p, args):
     written: all before any table. Returns (model, ckpt, validation tokens, the figure's path)."""
     for flag_name, value, least in (('max_windows', args.max_windows, 2), ('diag_windows', args.diag_windows, 1),
                                     ('lemma_loops', args.lemma_loops, 2)):
-        if value is not None and value < least:  # the exit tables calibrate on one half and measure on the other
-            p.error(f"--{flag_name}={value} must be at least {least}")
+        at_least(p, f'--{flag_name}', value, least)  # the exit tables calibrate on one half and measure on the other
     # --out_dir may name the run folder or its ckpt.pt (as sample.py allows); the figure goes into the folder
     run_dir = os.path.dirname(args.out_dir) if os.path.isfile(args.out_dir) else args.out_dir
     ckpt_path = args.out_dir if os.path.isfile(args.out_dir) else os.path.join(args.out_dir, 'ckpt.pt')
@@ -532,7 +521,7 @@ def load(p, args):
         if args.only in ('all', 'lemma'):
             check_writable(fig_path)  # before the work, not after it
     except (ValueError, OSError) as e:
-        sys.exit(f"lab/diagnose.py: error: {e}")
+        p.error(str(e))
     return model, ckpt, tokens, fig_path
 
 

@@ -27,25 +27,24 @@ verdict words (stats.paired_stats, stats.verdict). With --against=SCORE the pair
 instead: per condition, every other score minus SCORE, seed by seed (is the latent rule, say, worse than the
 max-probability rule at the same mean depth?).
 
-Writes to --fig_dir: matched_depth.md and matched_depth.csv (the paired table) and fig7_matched_depth.png (the
-paired difference against mean depth, a band for each interval, one panel per score). Not here: the timed exit
+Writes to --fig_dir: matched_depth.md and matched_depth.csv (the paired table) and fig7_matched_depth.png and .svg
+(the paired difference against mean depth, a band for each interval, one panel per score). Not here: the timed exit
 benchmark (diagnose.exit_benchmark), the fixed-depth tables (plot_norms.py).
 """
 
-import argparse
 import os
-import sys
 
 import numpy as np
 import torch
 
 from lab import diagnose
-from data.common import check_writable, write_atomically
 from lab.grid import LogError, group_runs, load_runs
+from lab.report import at_least, check_destination, markdown, pyplot, save_figure, tool_parser, write_csv, write_text
 from lab.runs import load_model
 from lab.runtime import resolve_device
 from lab.stats import REFERENCE, pair_up, paired_stats, verdict
 
+PROG = 'python -m lab.matched_depth'
 STEP = 0.5  # the depth grid: 1, 1.5, ..., K
 
 
@@ -146,32 +145,29 @@ def write_table(rows, fig_dir):
     (one line per depth). Returns the markdown."""
     grid = max((r['depths'] for r in rows), key=len)
     header = ['configuration', 'condition', 'score', 'pairs', 'seeds'] + [f"depth {d:g}" for d in grid]
-    lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
-    csv = ['configuration,condition,score,pairs,depth,diff,se,lo,hi,df,verdict']
+    table, csv = [], [['configuration', 'condition', 'score', 'pairs', 'depth', 'diff', 'se', 'lo', 'hi', 'df',
+                       'verdict']]
     for r in rows:
         cells = [cell(s, r['reference']) for s in r['stats']] + [''] * (len(grid) - len(r['stats']))
-        lines.append('| ' + ' | '.join([r['config'], r['condition'], r['score'], str(r['pairs']),
-                                        ' '.join(map(str, r['seeds']))] + cells) + ' |')
+        table.append([r['config'], r['condition'], r['score'], str(r['pairs']), ' '.join(map(str, r['seeds']))] + cells)
         for d, s in zip(r['depths'], r['stats']):
             values = ['', '', '', '', '', 'not reached'] if s is None else [
                 f"{s['mean']:.6f}", f"{s['se']:.6f}", f"{s['lo']:.6f}", f"{s['hi']:.6f}", str(s['df']),
                 verdict(s['lo'], s['hi'], r['reference'])]
-            csv.append(','.join([r['config'], r['condition'], r['score'], str(r['pairs']), f"{d:g}"] + values))
+            csv.append([r['config'], r['condition'], r['score'], str(r['pairs']), f"{d:g}"] + values)
     what = ('score minus the same run\'s' if ' - ' in rows[0]['score'] else 'condition minus')
     md = (f"Paired differences in validation cross-entropy (nats) at matched mean exit depth, {what} "
           f"{rows[0]['reference']}, seed by seed: mean [95% t interval], on the reporting half of each run's windows; "
-          f"'lower'/'higher' when the interval excludes 0.\n\n" + '\n'.join(lines) + '\n')
-    write_atomically(os.path.join(fig_dir, 'matched_depth.md'), lambda f: f.write(md.encode()))
-    write_atomically(os.path.join(fig_dir, 'matched_depth.csv'), lambda f: f.write(('\n'.join(csv) + '\n').encode()))
+          f"'lower'/'higher' when the interval excludes 0.\n\n" + markdown(header, table) + '\n')
+    write_text(os.path.join(fig_dir, 'matched_depth.md'), md)
+    write_csv(os.path.join(fig_dir, 'matched_depth.csv'), csv, lineterminator='\n')
     return md
 
 
 def plot(rows, fig_dir):
-    """fig7_matched_depth.png: the paired difference against mean depth with its interval as a band, one panel per
-    score, one line per configuration and condition."""
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+    """fig7_matched_depth.png and .svg: the paired difference against mean depth with its interval as a band, one
+    panel per score, one line per configuration and condition."""
+    plt = pyplot()
     scores = list(dict.fromkeys(r['score'] for r in rows))
     fig, axes = plt.subplots(1, len(scores), figsize=(5 * len(scores), 4.2), sharey=True)
     lines = sorted({(r['config'], r['condition']) for r in rows})
@@ -191,16 +187,11 @@ def plot(rows, fig_dir):
     axes[-1].legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.01, 1))
     fig.suptitle('Early exit per sequence at matched mean depth: paired difference to the reference, 95% t band',
                  fontsize=10)
-    fig.tight_layout()
-    path = os.path.join(fig_dir, 'fig7_matched_depth.png')
-    write_atomically(path, lambda f: fig.savefig(f, format='png', dpi=130))
-    plt.close(fig)
-    return path
+    return save_figure(fig, os.path.join(fig_dir, 'fig7_matched_depth.png'))
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.error = lambda msg: sys.exit(f"lab/matched_depth.py: error: {msg}")
+    p = tool_parser(PROG, __doc__)
     p.add_argument('runs', nargs='+', help='run folders or quoted globs, each with log.jsonl and ckpt.pt')
     p.add_argument('--fig_dir', default=os.path.join('out', 'figures', 'matched_depth'),
                    help='where the table and figure go (default: out/figures/matched_depth)')
@@ -215,16 +206,12 @@ def get_parser():
 def main(argv=None):
     p = get_parser()
     args = p.parse_args(argv)
-    if args.max_windows < 4:
-        p.error(f"--max_windows={args.max_windows} must be at least 4 (two windows in the reporting half)")
-    try:
-        check_writable(os.path.join(args.fig_dir, 'matched_depth.md'))
-    except ValueError as e:
-        p.error(f"--fig_dir: {e}")
+    at_least(p, '--max_windows', args.max_windows, 4, 'two windows in the reporting half')
+    check_destination(p, os.path.join(args.fig_dir, 'matched_depth.md'), '--fig_dir')
     try:
         runs = load_runs(args.runs)
     except LogError as e:
-        sys.exit(f"lab/matched_depth.py: error: {e}")
+        p.error(str(e))
     groups = group_runs(runs)
     if args.against is not None:
         paired, used = {}, sorted(run['folder'] for run in runs)
@@ -240,16 +227,17 @@ def main(argv=None):
         try:
             curves[folder] = run_curves(folder, args.max_windows, device)
         except (ValueError, OSError) as e:
-            sys.exit(f"lab/matched_depth.py: error: {e}")
+            p.error(str(e))
         print(f"[{i}/{len(used)}] {folder}", flush=True)
     for entry in paired.values():
         for reason in entry['left_out']:
             print(f"left out: {reason}")
     rows = score_rows(groups, curves, args.against) if args.against else matched_rows(paired, curves, args.reference)
     if not rows:
-        sys.exit("lab/matched_depth.py: error: no run has curves to compare")
+        p.error("no run has curves to compare")
     print(write_table(rows, args.fig_dir))
-    print(f"wrote {os.path.join(args.fig_dir, 'matched_depth.md')}, matched_depth.csv and {plot(rows, args.fig_dir)}")
+    print(f"wrote {os.path.join(args.fig_dir, 'matched_depth.md')}, matched_depth.csv, {plot(rows, args.fig_dir)} "
+          "and its .svg")
 
 
 if __name__ == '__main__':

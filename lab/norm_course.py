@@ -21,24 +21,21 @@ the 95% t interval of the power b (n - 2 degrees of freedom), and the fitted law
 d = 512 is an RMS of about 1,720. An extrapolation from a small model over 1.5 to 2 decades of steps, nothing
 more; runs continued further (--max_iters) that leave the interval falsify it.
 
-Writes to --fig_dir: course.md (the fits and their extrapolations), course.csv, fig9_norm_course.png.
+Writes to --fig_dir: course.md (the fits and their extrapolations), course.csv, fig9_norm_course.png and .svg.
 Not here: the runs' training (train.py through lab/grid.py), the paired statistics of other tables (lab/stats.py).
 """
 
-import argparse
-import csv
-import io
 import math
 import os
-import shlex
-import sys
 
 import numpy as np
 
-from lab.configs import CONFIGS
-from data.common import check_writable, write_atomically
 from lab.grid import LogError, load_runs, run_grid
+from lab.report import (at_least, check_destination, markdown, pyplot, run_main, runs_flags, save_figure, split_flags,
+                        tool_parser, write_csv, write_text)
 from lab.stats import t_quantile
+
+PROG = 'python -m lab.norm_course'
 
 # the long runs: folder label -> train.py flags (on --config=laptop_10k); their names are not model conditions,
 # since the learning rate and the warmup are training flags, so the grid gets them as its own dict
@@ -124,17 +121,15 @@ def table(rows, after):
     head = ['run', 'lr', 'warmup', 'init', 'steps', 'val loss at K', 'peak ‖h_K‖ in steps 1-500', 'last ‖h_K‖',
             f'fit from step {after}: points', 'power b [95% t]', "at the paper's tokens: ‖h_K‖ RMS [95%]",
             'paper RMS']
-    lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
-    out = [['run', 'lr', 'warmup', 'init', 'last_step', 'val_loss', 'peak_early', 'last', 'n', 'b', 'b_lo', 'b_hi',
-            'paper_step', 'rms', 'rms_lo', 'rms_hi']]
+    cells, out = [], [['run', 'lr', 'warmup', 'init', 'last_step', 'val_loss', 'peak_early', 'last', 'n', 'b', 'b_lo',
+                       'b_hi', 'paper_step', 'rms', 'rms_lo', 'rms_hi']]
     for r in rows:
         f = r['fit']
         fitted = ['too few points', '', ''] if f is None else [
             f"{f['n']} ({f['first']}-{f['last']})", f"{f['b']:+.3f} [{f['lo']:+.3f}, {f['hi']:+.3f}]",
             "{} [{}, {}]".format(*map(short, r['paper_rms']))]
-        lines.append('| ' + ' | '.join([r['run'], f"{r['lr']:g}", str(r['warmup']), r['init'], str(r['last_step']),
-                                        f"{r['loss']:.3f}", f"{r['peak_early']:.1f}", f"{r['last']:.1f}", *fitted,
-                                        f"{PAPER_RMS:.0f}"]) + ' |')
+        cells.append([r['run'], f"{r['lr']:g}", str(r['warmup']), r['init'], str(r['last_step']), f"{r['loss']:.3f}",
+                      f"{r['peak_early']:.1f}", f"{r['last']:.1f}", *fitted, f"{PAPER_RMS:.0f}"])
         out.append([r['run'], r['lr'], r['warmup'], r['init'], r['last_step'], f"{r['loss']:.4f}",
                     f"{r['peak_early']:.2f}", f"{r['last']:.2f}"]
                    + ([''] * 4 if f is None else [f['n'], f"{f['b']:.4f}", f"{f['lo']:.4f}", f"{f['hi']:.4f}"])
@@ -142,16 +137,14 @@ def table(rows, after):
     text = (f"Power law log ‖h_K‖ = a + b log(step) fitted from step {after} on (least squares, 95% t interval "
             f"of b), and the fitted line read at the paper's token count ({PAPER_TOKENS / 1e6:.0f}M tokens: "
             f"{rows[0]['paper_step']:,.0f} steps of these runs), as an RMS (‖h_K‖ / sqrt(d)). An extrapolation "
-            f"from a small model, not a measurement.\n\n" + '\n'.join(lines) + '\n')
+            f"from a small model, not a measurement.\n\n" + markdown(head, cells) + '\n')
     return text, out
 
 
 def plot(runs, rows, after, path):
-    """fig9_norm_course.png: ||h_K|| against step, log-log (step 0 at 1), one line per run, each fit dashed over
-    its range."""
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+    """fig9_norm_course.png and .svg: ||h_K|| against step, log-log (step 0 at 1), one line per run, each fit
+    dashed over its range."""
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(9, 5.2))
     colors = plt.rcParams['axes.prop_cycle'].by_key()['color']
     for i, (run, row) in enumerate(zip(runs, rows)):
@@ -173,22 +166,14 @@ def plot(runs, rows, after, path):
                  f'(dashed: the power law fitted from step {after}, dotted line)')
     ax.grid(True, which='both', alpha=0.3)
     ax.legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.01, 1))
-    fig.tight_layout()
-    write_atomically(path, lambda f: fig.savefig(f, format='png', dpi=130))
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.error = lambda msg: sys.exit(f"lab/norm_course.py: error: {msg}")
-    p.add_argument('runs', nargs='*', help='run folders or quoted globs (default with --run: the COURSE runs)')
-    p.add_argument('--run', action='store_true', help='train the COURSE runs first (reusing finished ones)')
-    p.add_argument('--config', default='laptop_10k', choices=list(CONFIGS), help='train.py configuration for --run')
-    p.add_argument('--out_root', default=os.path.join('out', 'course'), help='where --run puts its run folders')
+    p = tool_parser(PROG, __doc__)
+    runs_flags(p, 'the COURSE runs', 'laptop_10k', os.path.join('out', 'course'), '--max_iters=20000')
     p.add_argument('--after', type=int, default=1000, help='fit the evaluations from this step on (after the jump)')
     p.add_argument('--fig_dir', default=os.path.join('out', 'figures', 'course'), help='where the table and figure go')
-    p.add_argument('--train_args', default='', help="extra train.py flags for --run, e.g. '--max_iters=20000'")
     return p
 
 
@@ -197,32 +182,22 @@ def main(argv=None):
     args = p.parse_args(argv)
     if not args.run and not args.runs:
         p.error("name run folders to fit, or pass --run to train the long runs")
-    if args.after < 1:
-        p.error(f"--after={args.after} must be at least 1")
-    try:
-        extra = shlex.split(args.train_args)
-        check_writable(os.path.join(args.fig_dir, 'course.md'))
-    except ValueError as e:
-        p.error(str(e))
-    folders = run_grid(args.config, [1], args.out_root, extra, grid=COURSE, prog='lab/norm_course.py') if args.run else []
+    at_least(p, '--after', args.after, 1)
+    extra = split_flags(p, args.train_args)
+    check_destination(p, os.path.join(args.fig_dir, 'course.md'), '--fig_dir')  # before the runs, not after them
+    folders = run_grid(args.config, [1], args.out_root, extra, grid=COURSE, prog=PROG) if args.run else []
     try:
         runs = load_runs(args.runs, folders)
     except LogError as e:
-        sys.exit(f"lab/norm_course.py: error: {e}")
+        p.error(str(e))
     rows = rows_of(runs, args.after)
     text, out = table(rows, args.after)
-    buf = io.StringIO()
-    csv.writer(buf).writerows(out)
-    write_atomically(os.path.join(args.fig_dir, 'course.md'), lambda f: f.write(text.encode()))
-    write_atomically(os.path.join(args.fig_dir, 'course.csv'), lambda f: f.write(buf.getvalue().encode()))
+    write_text(os.path.join(args.fig_dir, 'course.md'), text)
+    write_csv(os.path.join(args.fig_dir, 'course.csv'), out)
     path = plot(runs, rows, args.after, os.path.join(args.fig_dir, 'fig9_norm_course.png'))
     print(text)
-    print(f"wrote {os.path.join(args.fig_dir, 'course.md')}, course.csv and {path}")
+    print(f"wrote {os.path.join(args.fig_dir, 'course.md')}, course.csv, {path} and its .svg")
 
 
 if __name__ == '__main__':
-    try:
-        main()
-    except KeyboardInterrupt:
-        print("lab/norm_course.py: interrupted", file=sys.stderr)
-        sys.exit(130)
+    run_main(main, PROG)

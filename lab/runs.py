@@ -86,31 +86,38 @@ def _value(v):
     return f"{v:g}" if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
 
 
+def name_part(f, value):
+    """A variant field's part of a run folder's name: its tag then its value ('pen0.01'); a field without a tag
+    is named by its own name ('readout_raw'), so that every part says which field it comes from."""
+    return (f.name + '_' if f.metadata['tag'] is None else f.metadata['tag']) + _value(value)
+
+
+def label_part(f, value):
+    """A variant field's part of a condition's name: its label, a format string of the value ('+ penalty 0.1'),
+    by default ' + <value>' (or ' + <tag><value>'); a value in the field's `named` has a fixed one."""
+    m = f.metadata
+    if value in m['named']:  # the paper's penalty is named '+ penalty' alone, as the grids and their tables say
+        return m['named'][value]
+    return (m['label'] or (' + {v}' if m['tag'] is None else ' + ' + m['tag'] + '{v}')).format(v=_value(value))
+
+
 def condition_name(cfg):
     """A model's condition from its config as a dict (to_dict(), or the one in a run's log): 'supervision +
-    readout', then every other variant not at its default, by its knob's label ('per_loop + rmsnorm + normed');
-    a field that an older log lacks is at its default."""
+    readout', then every other variant not at its default ('per_loop + rmsnorm + normed'); a field that an older
+    log lacks is at its default."""
     name = f"{cfg['supervision']} + {cfg['readout']}"
     for f in LoopedConfig.variants():
-        value, m = cfg.get(f.name, f.default), f.metadata
-        if f.name in ('supervision', 'readout') or value == f.default:
-            continue
-        if value in m['named']:  # a value with a name of its own: the paper's penalty is '+ penalty'
-            name += m['named'][value]
-        else:
-            label = m['label'] or (' + {v}' if m['tag'] is None else ' + ' + m['tag'] + '{v}')
-            name += label.format(v=_value(value))
+        value = cfg.get(f.name, f.default)
+        if f.name not in ('supervision', 'readout') and value != f.default:
+            name += label_part(f, value)
     return name
 
 
 def run_name(config_name, values):
-    """The default out_dir of a run: out/<config>, then every variant field not at its default as tag + value;
-    a field without a tag is named by its own name (out/laptop-readout_raw-pen0.01)."""
-    parts = [config_name]
-    for f in LoopedConfig.variants():
-        value = values[f.name]
-        if value != f.default:
-            parts.append((f.name + '_' if f.metadata['tag'] is None else f.metadata['tag']) + _value(value))
+    """The default out_dir of a run: out/<config>, then the name part of every variant not at its default
+    (out/laptop-readout_raw-pen0.01)."""
+    parts = [config_name] + [name_part(f, values[f.name]) for f in LoopedConfig.variants()
+                             if values[f.name] != f.default]
     return os.path.join('out', '-'.join(parts))
 
 

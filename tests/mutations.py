@@ -32,6 +32,24 @@ W = 'tests/test_wiring.py::'
 
 # (name, file, the line as it is, the line as broken, the tests that must fail)
 MUTATIONS = [
+    # ---- declaring a design once: the init, the FLOPs and the names that derive from a field
+    ('gpt2 init drawn from the global stream', 'looped.py', 'draw = torch.Generator().manual_seed(seed ^ zlib.crc32(name.encode()))',
+     'draw = None', ['tests/test_registry.py::test_init_draws_every_other_weight_the_same_when_a_parameter_is_added']),
+    ('paper_small_embed redraws the whole model', 'looped.py', "elif c.init == 'paper_small_embed' and name in ('wte.weight', 'wpe.weight'):",
+     "elif c.init == 'paper_small_embed' and p.dim() >= 2:", ['tests/test_registry.py::test_paper_small_embed_is_the_paper_init_but_for_the_embeddings']),
+    ('flops ignore an unknown parameter', 'looped.py', '        if unknown:\n', '        if False:\n',
+     ['tests/test_registry.py::test_flops_per_token_refuses_a_parameter_it_has_no_count_for']),
+    ('flops count the coda once', 'looped.py', "'prelude': 1, 'coda': readouts,", "'prelude': 1, 'coda': 1,",
+     ['tests/test_registry.py::test_flops_per_token_counts_each_module_by_hand']),
+    ('a choice field named by its value alone', 'lab/runs.py', "return (f.name + '_' if f.metadata['tag'] is None else f.metadata['tag']) + _value(value)",
+     "return ('' if f.metadata['tag'] is None else f.metadata['tag']) + _value(value)",
+     ['tests/test_registry.py::test_a_choice_field_names_its_run_by_field_and_a_tag_works_on_any_field']),
+    ('a tag on a text field formatted as a number', 'lab/runs.py', 'return f"{v:g}" if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)',
+     'return f"{v:g}" if not isinstance(v, bool) else str(v)', ['tests/test_registry.py::test_a_choice_field_names_its_run_by_field_and_a_tag_works_on_any_field']),
+    ('the paper penalty named with its value', 'lab/runs.py', "    if value in m['named']:", "    if False:",
+     ['tests/test_registry.py::test_run_names_and_condition_names_of_the_existing_variants']),
+    ('a non-finite loss named at the wrong step', 'train.py', 'at step {step - len(values) + 1 + i}',
+     'at step {step}', ['tests/test_train.py::test_nan_loss_stops_and_keeps_last_checkpoint']),
     # ---- the field's designs (looped.py's injection, prelude/coda, block, depth_sampling, bptt, latent exit)
     ('concat adapter starts at zero', 'looped.py', 'self.adapter.weight[:, :d].copy_(torch.eye(d))',
      'self.adapter.weight[:, :d].zero_()', ['tests/test_designs.py::test_concat_at_init_computes_what_none_does']),
@@ -53,9 +71,9 @@ MUTATIONS = [
                                        'tests/test_designs.py::test_sampled_depth_trains_at_the_drawn_count_and_resumes_the_same_sequence']),
     ('training ignores the drawn depth', 'train.py', '_, loss, stats = model(x, y, n_loop=n_loop)',
      '_, loss, stats = model(x, y)', ['tests/test_designs.py::test_training_uses_the_drawn_loop_count']),
-    ('bptt detaches one pass early', 'looped.py', 'if b and k == n_loop - b + 1 and k > 1:',
-     'if b and k == n_loop - b and k > 1:', ['tests/test_designs.py::test_bptt_cuts_the_gradient_through_the_carried_state_before_the_last_b_passes']),
-    ('bptt detaches at every pass', 'looped.py', 'if b and k == n_loop - b + 1 and k > 1:',
+    ('bptt detaches one pass early', 'looped.py', 'first_with_grad = n_loop - b + 1',
+     'first_with_grad = n_loop - b', ['tests/test_designs.py::test_bptt_cuts_the_gradient_through_the_carried_state_before_the_last_b_passes']),
+    ('bptt detaches at every pass', 'looped.py', 'if b and k == first_with_grad and k > 1:',
      'if b and k > 1:', ['tests/test_designs.py::test_bptt_cuts_the_gradient_through_the_carried_state_before_the_last_b_passes']),
     ('latent change not relative', 'looped.py',
      'return (h - h_prev).norm(dim=-1) / h_prev.norm(dim=-1).clamp_min(1e-12)', 'return (h - h_prev).norm(dim=-1)',

@@ -40,7 +40,7 @@ def test_the_command_writes_table_and_figure_from_run_folders(small_data, tmp_pa
     atlas.main([str(tmp_path / 'runs' / '*'), '--fig_dir', str(figs)])
     text = (figs / 'atlas.md').read_text()
     assert '| residual | carried |' in text and '| sandwich | removed |' in text and 'terminal' not in text
-    assert os.path.getsize(figs / 'fig8_atlas.png') > 10_000
+    assert os.path.getsize(figs / 'fig8_atlas.png') > 10_000 and os.path.getsize(figs / 'fig8_atlas.svg') > 1000
     assert len((figs / 'atlas.csv').read_text().splitlines()) == 1 + 3
     with pytest.raises(SystemExit) as e:
         atlas.main([str(tmp_path / 'runs' / '*terminal*'), '--fig_dir', str(figs)])

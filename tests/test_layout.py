@@ -1,18 +1,62 @@
-"""The repository's layout rules: every function fits on one screen, and no two modules import each other."""
+"""The repository's layout rules: the top level a reader opens (four scripts), the lab in one package, line
+budgets, every function on one screen, and no two modules that import each other."""
 
 import ast
 import glob
 import os
+import re
+import subprocess
+import sys
+
+import pytest
 
 from conftest import ROOT
 
 MAX_LINES = 60  # one screen: a reader sees a whole function at once
+# the files a reader opens first, and the most lines each may have (the model alone, the loop on one screen)
+TOP_LEVEL = {'looped.py': 560, 'train.py': 380, 'sample.py': 200, 'plot_norms.py': 450}
+LAB_TOOLS = ('diagnose', 'matched_depth', 'atlas', 'norm_course', 'bench')
+
+
+def test_the_top_level_is_the_four_scripts_and_the_lab_is_one_package():
+    assert sorted(p for p in os.listdir(ROOT) if p.endswith('.py')) == sorted(TOP_LEVEL), \
+        "a Python file at the root beside looped.py, train.py, sample.py and plot_norms.py: move it into lab/"
+    for folder in ('data', 'tests', 'assignments', 'docs', 'figures', 'lab'):
+        assert os.path.isdir(os.path.join(ROOT, folder)), folder
+    assert os.path.exists(os.path.join(ROOT, 'lab', '__init__.py'))
+    with open(os.path.join(ROOT, 'lab', '__init__.py')) as f:
+        index = f.read()
+    for path in glob.glob(os.path.join(ROOT, 'lab', '*.py')):
+        name = os.path.basename(path)[:-3]
+        assert name == '__init__' or re.search(rf'^    {name}\b', index, re.M), f"lab/__init__.py does not list {name}"
+
+
+def test_the_top_level_files_keep_their_line_budgets():
+    for name, budget in TOP_LEVEL.items():
+        with open(os.path.join(ROOT, name)) as f:
+            n = len(f.read().splitlines())
+        assert n <= budget, f"{name} has {n} lines, over its budget of {budget}"
+
+
+def test_the_model_file_imports_no_lab_module():
+    with open(os.path.join(ROOT, 'looped.py')) as f:
+        tree = ast.parse(f.read())
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names} | \
+               {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert not {m for m in imported if m and (m == 'lab' or m.startswith('lab.') or m == 'train')}, imported
+
+
+@pytest.mark.parametrize('tool', LAB_TOOLS)
+def test_every_lab_tool_runs_as_a_module_with_help(tool):
+    r = subprocess.run([sys.executable, '-m', f'lab.{tool}', '--help'], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0 and f'lab.{tool}' in r.stdout and not r.stderr, r.stderr
 
 
 def test_every_function_fits_on_one_screen():
     """No function (methods and nested functions included) over MAX_LINES lines, from def to its last line, in the
     scripts and modules at the top level and in data/: a longer one is split along the steps of its own work."""
-    paths = glob.glob(os.path.join(ROOT, '*.py')) + glob.glob(os.path.join(ROOT, 'data', '**', '*.py'), recursive=True)
+    paths = glob.glob(os.path.join(ROOT, '*.py')) + glob.glob(os.path.join(ROOT, 'lab', '*.py')) + \
+        glob.glob(os.path.join(ROOT, 'data', '**', '*.py'), recursive=True)
     too_long = []
     for path in paths:
         with open(path) as f:

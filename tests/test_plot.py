@@ -33,7 +33,8 @@ def two_runs(small_data, tmp_path_factory):
 def test_figures_and_table_from_two_runs(two_runs, tmp_path, capsys):
     plot_norms.main([str(two_runs / '*'), '--fig_dir', str(tmp_path)])
     for name in ('fig1_norm_explosion.png', 'fig2_norm_by_loop.png', 'fig3_loss_by_depth.png', 'table.csv', 'table.md',
-                 'fig1_norm_explosion.svg', 'exit_table.md', 'fig4_pareto.png', 'fig6_crossover.png'):
+                 'fig1_norm_explosion.svg', 'exit_table.md', 'fig4_pareto.png', 'fig6_crossover.png',
+                 'fig4_pareto.svg', 'fig6_crossover.svg'):  # every figure as a PNG and an SVG
         assert (tmp_path / name).stat().st_size > 0, name
     rows = (tmp_path / 'table.csv').read_text().splitlines()
     assert rows[0].startswith('condition,seeds,step') and len(rows) == 3

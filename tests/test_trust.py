@@ -268,12 +268,12 @@ def test_a_figure_destination_that_cannot_be_written_is_found_before_the_work(fi
     with pytest.raises(SystemExit) as e:
         diagnose.main(['--out_dir', str(finished_run[1]), '--only=lemma', f'--fig={tmp_path}/file.txt/x.png'])
     assert 'cannot write' in one_line(e)
-    r = subprocess.run([sys.executable, 'lab/bench.py', '--suite', f'--json={folder}'], cwd=ROOT, capture_output=True,
-                       text=True, timeout=60)
-    assert r.returncode == 1 and r.stderr.strip() == f"lab/bench.py: error: {folder} is a folder; give a file name " \
-        f"(for example {folder}/out.png)" and r.stdout == ''
-    r = subprocess.run([sys.executable, 'lab/bench.py', '--grad_clip=nan'], cwd=ROOT, capture_output=True, text=True)
-    assert r.stderr.startswith('lab/bench.py: error: --grad_clip=nan')
+    r = subprocess.run([sys.executable, '-m', 'lab.bench', '--suite', f'--json={folder}'], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and r.stderr.strip() == f"python -m lab.bench: error: {folder} is a folder; give a file " \
+        f"name (for example {folder}/out.png)" and r.stdout == ''
+    r = subprocess.run([sys.executable, '-m', 'lab.bench', '--grad_clip=nan'], cwd=ROOT, capture_output=True, text=True)
+    assert r.stderr.startswith('python -m lab.bench: error: --grad_clip=nan')
 
 
 def test_a_checkpoint_whose_weights_do_not_fit_its_config_is_one_line(finished_run, tmp_path):

@@ -1,0 +1,119 @@
+"""Declaring a design once: what a new LoopedConfig field or parameter gets for free, and the traps a researcher
+adding one fell into (an init that shifts with every new weight, FLOPs that count an unknown weight silently,
+run names that do not say which field they come from, docs that miss a field)."""
+
+import os
+import re
+from dataclasses import dataclass, fields
+
+import pytest
+import torch
+import torch.nn as nn
+
+from conftest import ROOT
+from lab.runs import condition_name, label_part, name_part, run_name
+from looped import LoopedConfig, LoopedGPT, knob
+
+BASE = dict(vocab_size=11, block_size=8, n_embd=16, n_head=2, n_layer=1, n_loop=3)
+
+
+class WithLoopEmbedding(LoopedGPT):
+    """A researcher's new design: a learned per-loop embedding set directly on the model, drawn from torch's
+    global stream before the rest of the init runs (as a parameter made in __init__ would be)."""
+
+    def _init_weights(self):
+        self.loop_emb = nn.Parameter(torch.randn(self.config.n_loop, self.config.n_embd))
+        super()._init_weights()
+
+
+@pytest.mark.parametrize('init', ['gpt2', 'paper_small_embed'])
+def test_init_draws_every_other_weight_the_same_when_a_parameter_is_added(init):
+    torch.manual_seed(3)
+    plain = LoopedGPT(LoopedConfig(**BASE, init=init)).state_dict()
+    torch.manual_seed(3)
+    added = WithLoopEmbedding(LoopedConfig(**BASE, init=init)).state_dict()
+    redrawn = ['wte.weight', 'wpe.weight'] if init == 'paper_small_embed' else \
+        [k for k, v in plain.items() if v.dim() >= 2 and not k.startswith('lm_head')] + ['lm_head.weight']
+    for name in redrawn:
+        assert torch.equal(plain[name], added[name]), f"{name} drew differently once loop_emb was added"
+    assert 'loop_emb' in added
+
+
+def test_gpt2_init_draws_depend_on_the_seed_and_have_gpt2s_scale():
+    torch.manual_seed(3)
+    a = LoopedGPT(LoopedConfig(**BASE, init='gpt2'))
+    torch.manual_seed(4)
+    b = LoopedGPT(LoopedConfig(**BASE, init='gpt2'))
+    assert not torch.equal(a.wte.weight, b.wte.weight)
+    assert abs(a.blocks[0].mlp.c_fc.weight.std().item() - 0.02) < 0.003
+    depth = BASE['n_layer'] * BASE['n_loop']
+    assert abs(a.blocks[0].mlp.c_proj.weight.std().item() - 0.02 / (2 * depth) ** 0.5) < 0.002
+    assert not a.config.tie_weights and a.lm_head.weight is not a.wte.weight
+
+
+def test_paper_small_embed_is_the_paper_init_but_for_the_embeddings():
+    torch.manual_seed(3)
+    paper = LoopedGPT(LoopedConfig(**BASE)).state_dict()
+    torch.manual_seed(3)
+    small = LoopedGPT(LoopedConfig(**BASE, init='paper_small_embed'))
+    for name, value in small.state_dict().items():
+        if name in ('wte.weight', 'wpe.weight', 'lm_head.weight'):  # the head is tied to wte
+            assert abs(value.std().item() - 0.02) < 0.005, name
+        else:
+            assert torch.equal(value, paper[name]), f"{name} is not the paper init's"
+    assert small.lm_head.weight is small.wte.weight
+
+
+def test_flops_per_token_refuses_a_parameter_it_has_no_count_for():
+    model = WithLoopEmbedding(LoopedConfig(**BASE))
+    with pytest.raises(ValueError, match='loop_emb'):
+        model.flops_per_token()
+    model = LoopedGPT(LoopedConfig(**BASE))
+    model.gate = nn.Linear(16, 16)  # a new module
+    with pytest.raises(ValueError, match='gate.weight'):
+        model.flops_per_token()
+
+
+def test_flops_per_token_counts_each_module_by_hand():
+    c = LoopedConfig(**BASE, n_prelude=1, n_coda=1, injection='concat', recurrence='normed')
+    model = LoopedGPT(c)
+    n = lambda m: sum(p.numel() for p in m.parameters())
+    K, V, d, T = c.n_loop, c.vocab_size, c.n_embd, c.block_size
+    per_loop = K * (n(model.blocks) + d * 2 * d) + n(model.prelude) + K * n(model.coda) + d + d  # readout, inter-norm
+    attention = 12 * (K * c.n_layer + 1 + K * 1) * d * T
+    assert model.flops_per_token() == 6 * per_loop + 6 * K * V * d + attention
+    terminal = LoopedGPT(LoopedConfig(**BASE, supervision='terminal'))
+    expected = 6 * (K * n(terminal.blocks) + d) + 6 * V * d + 12 * K * c.n_layer * d * T
+    assert terminal.flops_per_token() == expected
+
+
+def test_a_choice_field_names_its_run_by_field_and_a_tag_works_on_any_field():
+    @dataclass
+    class Trial:
+        loop_embedding: str = knob('none', 'a trial design', ('none', 'learned'))
+        kind: str = knob('a', 'a text field with a tag', tag='kind')
+        width: int = knob(0, 'a number with a tag and a label', tag='w', label=' + width {v}')
+    choice, text, number = fields(Trial)
+    assert name_part(choice, 'learned') == 'loop_embedding_learned'
+    assert name_part(text, 'b') == 'kindb' and label_part(text, 'b') == ' + kindb'
+    assert name_part(number, 3) == 'w3' and label_part(number, 3) == ' + width 3'
+    assert label_part(choice, 'learned') == ' + learned'
+
+
+def test_run_names_and_condition_names_of_the_existing_variants():
+    values = {f.name: f.default for f in fields(LoopedConfig)}
+    assert run_name('laptop', values) == os.path.join('out', 'laptop')
+    values.update(readout='raw', norm_penalty=0.01, init='gpt2', n_prelude=2)
+    assert run_name('laptop', values) == os.path.join('out', 'laptop-readout_raw-pen0.01-init_gpt2-prelude2')
+    assert condition_name(values) == 'per_loop + raw + penalty (gpt2 init) + prelude2'
+    assert condition_name({**values, 'norm_penalty': 0.1}) == 'per_loop + raw + penalty 0.1 (gpt2 init) + prelude2'
+
+
+def test_usage_and_the_model_docstring_name_every_config_field():
+    with open(os.path.join(ROOT, 'docs', 'usage.md')) as f:
+        table = '\n'.join(line for line in f.read().splitlines() if line.startswith('|'))
+    with open(os.path.join(ROOT, 'looped.py')) as f:
+        docstring = f.read().split('"""')[1]
+    for field in fields(LoopedConfig):
+        assert re.search(rf'`(--)?{field.name}`', table), f"docs/usage.md's flag table does not name {field.name}"
+        assert re.search(rf'\b{field.name}\b', docstring), f"looped.py's docstring does not name {field.name}"
