@@ -6,8 +6,7 @@ Grids of conditions: what each condition is, training every one for every seed, 
     python -m lab.atlas                                           # the field's designs (grid 'atlas'), then its table
 
 What is here: the named grids (GRIDS: 'paper', the paper's ten conditions, CONDITIONS; 'claim4'; 'readouts';
-'atlas', every design of DESIGNS under rmsnorm and raw, with the prediction for each written before its runs,
-PREDICTIONS), each a fixed list of {condition name: train.py flags}, so that declaring a design in looped.py
+'atlas', every design of DESIGNS under rmsnorm and raw, each with its prediction written before its runs), each a fixed list of {condition name: train.py flags}, so that declaring a design in looped.py
 changes none of them; the grid each configuration runs by default; one folder per run, reuse and resume
 (rerunning the command never redoes finished work or loses an interrupted run), the child train.py with Ctrl-C
 passed on to it (the child saves a checkpoint, the grid waits for that save, says where it stopped in one line
@@ -28,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import namedtuple
 from dataclasses import fields
 
 from lab.runs import condition_name
@@ -57,49 +57,61 @@ CONDITIONS = {
     'per_loop + rmsnorm + normed': ['--supervision=per_loop', '--readout=rmsnorm', '--recurrence=normed'],
     'per_loop + alpha': ['--supervision=per_loop', '--readout=alpha'],
 }
-# The field's looped designs (looped.py's injection, prelude/coda, block, depth_sampling, bptt) by name, for the
-# atlas: "does this design carry the state's scale from loop to loop?"
+# The field's looped designs for the atlas ("does this design carry the state's scale from loop to loop, and does
+# the loss see it?"), one entry each: its train.py flags, then what the design rule predicts, written down before
+# the atlas was run (commit "atlas: predictions"): is the scale carried (nothing renormalizes the state between
+# passes, so ||h_K|| / ||h_1|| > 1.5 at the end of training) or removed (< 1.5)? is ||h_K|| large (> 100: the
+# scale grew where the loss cannot see it) or small under the scale-invariant rmsnorm readout, and under raw,
+# where the loss sees the scale? and why. lab/atlas.py sets each prediction beside its measurement.
+Design = namedtuple('Design', 'flags carried rmsnorm raw why')
 DESIGNS = {
-    'residual': [], 'normed': ['--recurrence=normed'], 'sandwich': ['--block=sandwich'],
-    'sandwich + normed': ['--block=sandwich', '--recurrence=normed'],
-    'add': ['--injection=add'], 'concat': ['--injection=concat'], 'prelude1 + coda1': ['--n_prelude=1', '--n_coda=1'],
-    'sampled depth': ['--depth_sampling=poisson_lognormal'], 'bptt1': ['--bptt=1'],
-    'update / K': ['--residual_scale=inverse_k'],
-    # looped_nanochat's defaults at this size: prelude and coda around the core, concat injection, sandwich layers,
-    # a norm after every loop, the sampled loop count; its bptt_k = 4 is left out (at K = 4 it would truncate only
-    # the steps whose drawn count exceeds 4)
-    'looped_nanochat': ['--n_prelude=1', '--n_coda=1', '--injection=concat', '--block=sandwich', '--recurrence=normed',
-                        '--depth_sampling=poisson_lognormal'],
+    'residual': Design([], True, 'large', 'small', 'pre-norm residual: pass k+1 starts from h_k, scale and all'),
+    'normed': Design(['--recurrence=normed'], False, 'large', 'small', 'RMSNorm between passes removes the carried '
+                     'scale, but one pass can still grow its output where the readout hides it (the paper grid: 518 '
+                     'at step 200)'),
+    'sandwich': Design(['--block=sandwich'], False, 'small', 'small',
+                       'every layer ends in a norm: ||h_k|| = the RMS of its gain times sqrt(d)'),
+    'sandwich + normed': Design(['--block=sandwich', '--recurrence=normed'], False, 'small', 'small',
+                                'as sandwich; the inter-loop norm has nothing left to remove'),
+    'add': Design(['--injection=add'], True, 'large', 'small', "h + e keeps h's scale and adds e's at every pass"),
+    'concat': Design(['--injection=concat'], True, 'large', 'small',
+                     'W [h; e] starts as the identity on h, so it carries the scale as residual does'),
+    'prelude1 + coda1': Design(['--n_prelude=1', '--n_coda=1'], True, 'large', 'small',
+                               'the core is a pre-norm loop; a pre-norm coda keeps the scale, so raw still sees it'),
+    'sampled depth': Design(['--depth_sampling=poisson_lognormal'], True, 'large', 'small',
+                            'the loop is unchanged; only the count varies'),
+    'bptt1': Design(['--bptt=1'], True, 'large', 'small',
+                    "the forward pass is unchanged; each pass still has its own readout's gradient"),
+    'update / K': Design(['--residual_scale=inverse_k'], True, 'large', 'small', 'each update is shrunk by 1/K, but '
+                         'the state is still carried and its scale still invisible to rmsnorm, so the growth is '
+                         'slowed, not stopped'),
+    # looped_nanochat's loop at this size: prelude and coda around the core, concat injection, sandwich layers, a
+    # norm after every loop, the sampled loop count; its bptt_k = 4 is left out (at K = 4 it would truncate only
+    # the steps whose drawn count exceeds 4). Its recipe is not: no zero-initialized output projections, no
+    # N(0, 0.001) untied head, no norm after the embedding, no logit cap, no Muon (the init is the atlas's --init)
+    'looped_nanochat': Design(['--n_prelude=1', '--n_coda=1', '--injection=concat', '--block=sandwich',
+                               '--recurrence=normed', '--depth_sampling=poisson_lognormal'], False, 'small', 'small',
+                              'sandwich layers and a norm after every loop'),
 }
-# What the design rule predicts for each design, written down before the atlas was run (commit "atlas:
-# predictions"): is the state's scale carried from loop to loop (nothing renormalizes it between passes, so
-# ||h_K|| / ||h_1|| > 1.5 at the end of training) or removed (< 1.5)? and is ||h_K|| large (> 100: the scale grows
-# where the loss cannot see it) or small (< 100) under the scale-invariant rmsnorm readout and under raw, where the
-# loss sees the scale? plot_norms.atlas_table sets each prediction beside its measurement and says if they agree.
-PREDICTIONS = {  # design: (scale carried?, level under rmsnorm, level under raw, why)
-    'residual': (True, 'large', 'small', 'pre-norm residual: pass k+1 starts from h_k, scale and all'),
-    'normed': (False, 'large', 'small', 'RMSNorm between passes removes the carried scale, but one pass can still '
-               'grow its output where the readout hides it (the paper grid: 518 at step 200)'),
-    'sandwich': (False, 'small', 'small', 'every layer ends in a norm: ||h_k|| = the RMS of its gain times sqrt(d)'),
-    'sandwich + normed': (False, 'small', 'small', 'as sandwich; the inter-loop norm has nothing left to remove'),
-    'add': (True, 'large', 'small', 'h + e keeps h\'s scale and adds e\'s at every pass'),
-    'concat': (True, 'large', 'small', 'W [h; e] starts as the identity on h, so it carries the scale as residual does'),
-    'prelude1 + coda1': (True, 'large', 'small', 'the core is a pre-norm loop; a pre-norm coda keeps the scale, so '
-                         'raw still sees it'),
-    'sampled depth': (True, 'large', 'small', 'the loop is unchanged; only the count varies'),
-    'bptt1': (True, 'large', 'small', 'the forward pass is unchanged; each pass still has its own readout\'s gradient'),
-    'looped_nanochat': (False, 'small', 'small', 'sandwich layers and a norm after every loop'),
-    'update / K': (True, 'large', 'small', 'each update is shrunk by 1/K, but the state is still carried and its '
-                   'scale still invisible to rmsnorm, so the growth is slowed, not stopped'),
-}
-# every design under a scale-invariant and a scale-visible readout, per-loop supervision: {name: flags}, and
-# {name: (design, readout)} for the atlas's tables
 ATLAS_READOUTS = ('rmsnorm', 'raw')
-ATLAS, ATLAS_DESIGN = {}, {}
-for _design, _flags in DESIGNS.items():
-    for _readout in ATLAS_READOUTS:
-        _name = flags_name(['--supervision=per_loop', f'--readout={_readout}', *_flags])
-        ATLAS[_name], ATLAS_DESIGN[_name] = ['--supervision=per_loop', f'--readout={_readout}', *_flags], (_design, _readout)
+
+
+def atlas_grid(init='paper'):
+    """Every design under both readouts, per-loop supervision, at one initialization: ({condition name: flags} to
+    train, {condition name: (design, readout)} to read the runs back). The names to train are the paper init's,
+    so the run folders do not change with the init; the names read back are the runs' own (the init's label in
+    them under any other init)."""
+    grid, names = {}, {}
+    for design, entry in DESIGNS.items():
+        for readout in ATLAS_READOUTS:
+            flags = ['--supervision=per_loop', f'--readout={readout}', *entry.flags]
+            init_flags = [] if init == 'paper' else [f'--init={init}']
+            grid[flags_name(flags)] = flags + init_flags
+            names[flags_name(flags + init_flags)] = (design, readout)
+    return grid, names
+
+
+ATLAS, ATLAS_DESIGN = atlas_grid()
 # Claim 4 (scale control wins at matched depth once training is long enough) compares per-loop runs only.
 CLAIM4 = ['per_loop + rmsnorm', 'per_loop + raw', 'per_loop + rmsnorm + penalty', 'per_loop + final_norm',
           'per_loop + rmsnorm + normed', 'per_loop + alpha']

@@ -48,7 +48,13 @@ COURSE = {
     'rmsnorm-lr3e-3-warmup500': ['--readout=rmsnorm', '--learning_rate=3e-3', '--warmup_iters=500'],
     'rmsnorm-lr3e-3-gpt2init': ['--readout=rmsnorm', '--learning_rate=3e-3', '--init=gpt2'],
     'raw-lr3e-3-gpt2init': ['--readout=raw', '--learning_rate=3e-3', '--init=gpt2'],
+    # the embedding's scale alone: the paper's init with both embeddings (and the tied head) at gpt2's N(0, 0.02)
+    'rmsnorm-lr3e-3-smallembed': ['--readout=rmsnorm', '--learning_rate=3e-3', '--init=paper_small_embed',
+                                  '--max_iters=2000'],
 }
+# more seeds of the two rmsnorm runs at 3e-3, 5,000 steps each: how far the power spreads across seeds
+SEEDS = {'rmsnorm-lr3e-3': [2, 3], 'rmsnorm-lr3e-3-gpt2init': [2, 3]}
+SEED_STEPS = 5000
 PAPER_TOKENS = 4 * (100_000_000 // 128) // 64 * 64 * 256  # 4 epochs of windows at stride 128, batch 64 x 256
 PAPER_RMS = 39_000 / math.sqrt(512)  # the paper's headline ||h_K|| at d = 512, as an RMS
 
@@ -138,7 +144,30 @@ def table(rows, after):
             f"of b), and the fitted line read at the paper's token count ({PAPER_TOKENS / 1e6:.0f}M tokens: "
             f"{rows[0]['paper_step']:,.0f} steps of these runs), as an RMS (‖h_K‖ / sqrt(d)). An extrapolation "
             f"from a small model, not a measurement.\n\n" + markdown(head, cells) + '\n')
+    spread = seed_spread(rows)
+    if spread:
+        text += ("\nAcross seeds: the power b of each run with more than one seed (each seed's own fit, from step "
+                 f"{after} to its last evaluation).\n\n" + markdown(
+                     ['run', 'seeds', 'mean b', 'lowest', 'highest', 'fitted steps'],
+                     [[lab, str(n), f"{m:+.3f}", f"{lo:+.3f}", f"{hi:+.3f}", rng] for lab, n, m, lo, hi, rng in spread])
+                 + '\n')
     return text, out
+
+
+def seed_spread(rows):
+    """Table 2 of course.md: the fitted power across the seeds of each run that has more than one, as
+    (label, seeds, mean b, lowest b, highest b, the fits' step ranges)."""
+    groups = {}
+    for r in rows:
+        if r['fit'] is not None:
+            groups.setdefault(r['run'].rsplit('-seed', 1)[0], []).append(r)
+    out = []
+    for label, members in groups.items():
+        if len(members) > 1:
+            b = np.array([m['fit']['b'] for m in members])
+            ranges = sorted({f"{m['fit']['first']}-{m['fit']['last']}" for m in members})
+            out.append((label, len(members), b.mean(), b.min(), b.max(), ', '.join(ranges)))
+    return out
 
 
 def plot(runs, rows, after, path):
@@ -185,7 +214,12 @@ def main(argv=None):
     at_least(p, '--after', args.after, 1)
     extra = split_flags(p, args.train_args)
     check_destination(p, os.path.join(args.fig_dir, 'course.md'), '--fig_dir')  # before the runs, not after them
-    folders = run_grid(args.config, [1], args.out_root, extra, grid=COURSE, prog=PROG) if args.run else []
+    folders = []
+    if args.run:  # seed 1 of every run, then the extra seeds (extra comes last: a --train_args --max_iters wins)
+        folders = run_grid(args.config, [1], args.out_root, extra, grid=COURSE, prog=PROG)
+        for label, seeds in SEEDS.items():
+            folders += run_grid(args.config, seeds, args.out_root, extra, prog=PROG,
+                                grid={label: COURSE[label] + [f'--max_iters={SEED_STEPS}']})
     try:
         runs = load_runs(args.runs, folders)
     except LogError as e:

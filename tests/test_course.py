@@ -51,3 +51,37 @@ def test_the_command_fits_and_draws_runs_it_is_given(small_data, tmp_path, capsy
     with pytest.raises(SystemExit) as e:
         norm_course.main([])
     assert 'name run folders to fit' in str(e.value.code)
+
+
+def fake_run(label, norms, steps, n_embd=512, batch_size=64, block_size=256, seed=1):
+    """A run as grid.load_run returns it, with only what norm_course reads."""
+    records = [{'step': s, 'hidden_norm': [1.0, v], 'val_loss': [2.0, 1.5, 1.7]} for s, v in zip(steps, norms)]
+    return {'folder': f'out/{label}-seed{seed}', 'K': 2, 'records': records,
+            'config': {'batch_size': batch_size, 'grad_accum': None, 'learning_rate': 3e-4, 'warmup_iters': 0, 'seed': seed,
+                       'model': {'n_embd': n_embd, 'block_size': block_size, 'init': 'paper'}}}
+
+
+def test_the_extrapolated_step_and_rms_at_the_papers_width_by_hand():
+    # an exact power law 10 * step^0.5 at the paper's own shape (d = 512, batch 64 x 256 tokens): the paper's step
+    # is PAPER_TOKENS / 16,384 and the RMS there is 10 * step^0.5 / sqrt(512)
+    steps = [1000, 2000, 4000, 8000]
+    row, = norm_course.rows_of([fake_run('x', [10 * s ** 0.5 for s in steps], steps)], after=1000)
+    assert row['paper_step'] == pytest.approx(norm_course.PAPER_TOKENS / (64 * 256))
+    assert row['fit']['b'] == pytest.approx(0.5)
+    assert row['paper_rms'][0] == pytest.approx(10 * row['paper_step'] ** 0.5 / math.sqrt(512), rel=1e-9)
+    assert row['peak_early'] != row['peak_early'] and row['last'] == pytest.approx(10 * 8000 ** 0.5)  # no step <= 500
+    half, = norm_course.rows_of([fake_run('x', [10 * s ** 0.5 for s in steps], steps, batch_size=32)], after=1000)
+    assert half['paper_step'] == pytest.approx(2 * row['paper_step'])  # half the tokens a step: twice the steps
+
+
+def test_the_power_across_seeds_by_hand():
+    steps = [1000, 2000, 4000]
+    runs = [fake_run('a', [s ** b for s in steps], steps, seed=seed) for seed, b in ((1, 0.2), (2, 0.4), (3, 0.3))]
+    runs.append(fake_run('lone', [s ** 0.1 for s in steps], steps))
+    spread = norm_course.seed_spread(norm_course.rows_of(runs, after=1000))
+    assert len(spread) == 1
+    label, n, mean, lo, hi, ranges = spread[0]
+    assert (label, n, ranges) == ('a', 3, '1000-4000')
+    assert (mean, lo, hi) == pytest.approx((0.3, 0.2, 0.4))
+    text, _ = norm_course.table(norm_course.rows_of(runs, after=1000), 1000)
+    assert '| a | 3 | +0.300 | +0.200 | +0.400 | 1000-4000 |' in text

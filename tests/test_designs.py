@@ -154,6 +154,22 @@ def test_a_sandwich_block_hands_on_the_rms_of_its_last_gain_whatever_the_input_s
         assert prenorm(scale * torch.randn(2, 8, 16)).pow(2).mean().sqrt() > scale / 10  # a pre-norm block keeps scale
 
 
+def test_a_sandwich_block_normalizes_both_sublayer_sums_by_hand():
+    """Its output RMS alone cannot tell whether the norm after attention is there; the block written out can:
+    y = g2 * u(x1 + mlp(norm_2(x1))) with x1 = g1 * u(x + attn(norm_1(x))) and u(v) = v / rms(v)."""
+    torch.manual_seed(0)
+    block = Block(LoopedConfig(**BASE, block='sandwich'))
+    with torch.no_grad():
+        block.post_attn.weight.copy_(torch.linspace(0.5, 2.0, 16))  # gains that differ, so each norm shows
+        block.post_mlp.weight.copy_(torch.linspace(2.0, 0.5, 16))
+        x = 7.0 * torch.randn(2, 8, 16)
+        u = lambda v: v / (v.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt()
+        x1 = block.post_attn.weight * u(x + block.attn(block.norm_1(x)))
+        want = block.post_mlp.weight * u(x1 + block.mlp(block.norm_2(x1)))
+        assert torch.allclose(block(x), want, atol=1e-5)
+        assert not torch.allclose(x + block.attn(block.norm_1(x)), x1, atol=1e-2)  # the first norm changes the sum
+
+
 def expected_sampled_mean(K, sigma=0.5):
     """E[r] of the clamped draw, by quadrature over tau and the exact Poisson probabilities (not by sampling)."""
     taus = np.linspace(-6, 6, 4001) * sigma + math.log(K - 1) - sigma ** 2 / 2
