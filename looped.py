@@ -30,6 +30,9 @@ The other looped LMs (Huginn, looped_nanochat, nanoLOOP) build the loop in ways 
     residual_scale none | inverse_k    each pass's update scaled by 1/K (loop_step)
     exit rules   confidence | kl | latent      at inference: exit_passes (sample.py --exit, lab/diagnose.py)
 
+The other fields are the shape (vocab_size, block_size, n_embd, n_head, n_layer, n_loop, dropout), the readout's
+alpha, and choices that leave the concept alone: init, mlp, tie_weights, attention, norm_eps.
+
 In every variant h_k is the output of pass k before any inter-loop norm or coda: it is what is carried, read
 out, penalized and logged (LoopedGPT.loops is the one place that runs the passes).
 
@@ -108,27 +111,22 @@ class LoopedConfig:
     def __post_init__(self):
         if self.tie_weights is None:
             self.tie_weights = self.init != 'gpt2'
-        for f in fields(self):
-            if f.metadata['choices'] and getattr(self, f.name) not in f.metadata['choices']:
-                raise ValueError(f"{f.name}={getattr(self, f.name)!r} is not one of {', '.join(f.metadata['choices'])}")
-        for name in ['vocab_size', 'block_size', 'n_embd', 'n_head', 'n_layer', 'n_loop']:
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
-        for name in ['n_prelude', 'n_coda', 'bptt']:
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}={getattr(self, name)} must be at least 0")
-        if self.n_embd % self.n_head != 0:
-            raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
-        if not (self.norm_eps > 0 and math.isfinite(self.norm_eps)):
-            raise ValueError(f"norm_eps={self.norm_eps} must be a finite number > 0")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout={self.dropout} must be in [0, 1)")
-        if not (self.norm_penalty >= 0.0 and math.isfinite(self.norm_penalty)):
-            raise ValueError(f"norm_penalty={self.norm_penalty} must be a finite number >= 0")
-        if self.alpha is not None and not 0.0 <= self.alpha <= 1.0:
-            raise ValueError(f"alpha={self.alpha} must be in [0, 1] (or unset, to learn it)")
-        if self.alpha is not None and self.readout != 'alpha':
-            raise ValueError(f"alpha={self.alpha} is only used by readout='alpha', not {self.readout!r}")
+        finite = math.isfinite
+        checks = [(f.name, getattr(self, f.name) in f.metadata['choices'], f"is not one of {', '.join(f.metadata['choices'])}")
+                  for f in fields(self) if f.metadata['choices']]
+        checks += [(n, getattr(self, n) >= 1, 'must be at least 1')
+                   for n in ('vocab_size', 'block_size', 'n_embd', 'n_head', 'n_layer', 'n_loop')]
+        checks += [(n, getattr(self, n) >= 0, 'must be at least 0') for n in ('n_prelude', 'n_coda', 'bptt')]
+        checks += [('n_embd', self.n_embd % max(self.n_head, 1) == 0, f"is not divisible by n_head={self.n_head}"),
+                   ('norm_eps', self.norm_eps > 0 and finite(self.norm_eps), 'must be a finite number > 0'),
+                   ('dropout', 0.0 <= self.dropout < 1.0, 'must be in [0, 1)'),
+                   ('norm_penalty', self.norm_penalty >= 0.0 and finite(self.norm_penalty), 'must be a finite number >= 0'),
+                   ('alpha', self.alpha is None or 0.0 <= self.alpha <= 1.0, 'must be in [0, 1] (or unset, to learn it)'),
+                   ('alpha', self.alpha is None or self.readout == 'alpha', f"is only used by readout='alpha', not {self.readout!r}")]
+        for name, ok, why in checks:  # the first failure, in one line
+            if not ok:
+                value = getattr(self, name)
+                raise ValueError(f"{name}={repr(value) if isinstance(value, str) else value} {why}")
 
     @staticmethod
     def choices(name):
@@ -223,7 +221,7 @@ class Block(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        sandwich = config.block == 'sandwich'
+        self.sandwich = sandwich = config.block == 'sandwich'
         self.norm_1 = RMSNorm(config.n_embd, config.norm_eps)
         self.attn = CausalSelfAttention(config)
         self.post_attn = RMSNorm(config.n_embd, config.norm_eps) if sandwich else nn.Identity()
@@ -232,9 +230,15 @@ class Block(nn.Module):
         self.post_mlp = RMSNorm(config.n_embd, config.norm_eps) if sandwich else nn.Identity()
 
     def forward(self, x):
+        if self.sandwich:  # a method of its own, so that the default pre-norm layer never runs it
+            return self.sandwich_forward(x)
+        x = x + self.attn(self.norm_1(x))
+        return x + self.mlp(self.norm_2(x))
+
+    def sandwich_forward(self, x):
+        """(B, T, C) -> (B, T, C): norm(x + f(norm(x))) for f = attention, then the MLP; post_attn, post_mlp last."""
         x = self.post_attn(x + self.attn(self.norm_1(x)))
-        x = self.post_mlp(x + self.mlp(self.norm_2(x)))
-        return x
+        return self.post_mlp(x + self.mlp(self.norm_2(x)))
 
 
 class AlphaNorm(nn.Module):
@@ -373,16 +377,16 @@ class LoopedGPT(nn.Module):
         embedding e = h_0 (B, T, C) -> (B, T, C). The designs that change it (all off by default, which returns h):
           bptt = b     the carried state is detached before pass n_loop - b + 1: backprop through the last b passes
                        only (each earlier pass still gets its own readout's gradient under per-loop supervision)
-          injection    'add': h + e (so pass 1 runs on 2e); 'concat': W [h; e], W = [I | 0] at initialization"""
+          injection    self.inject(h, e): 'add' h + e (so pass 1 runs on 2e), 'concat' W [h; e] (W = [I | 0] at init)"""
         b = self.config.bptt
         first_with_grad = n_loop - b + 1  # the first of the last b passes, the only ones backprop reaches
         if b and k == first_with_grad and k > 1:  # (at pass 1 there is nothing earlier to cut off)
             h = h.detach()
-        if self.config.injection == 'add':
-            return h + e
-        if self.config.injection == 'concat':
-            return self.adapter(torch.cat([h, e], dim=-1))            # (B, T, 2C) -> (B, T, C)
-        return h
+        return h if self.config.injection == 'none' else self.inject(h, e)
+
+    def inject(self, h, e):
+        """e injected into h, (B, T, C) each: 'add' h + e; 'concat' self.adapter(h, e side by side) = W_h h + W_e e."""
+        return h + e if self.config.injection == 'add' else self.adapter(torch.cat([h, e], dim=-1))
 
     def loops(self, h, n_loop, intervene=None):
         """The recurrence, the one place it is written: yields (k, h_k) for k = 1..n_loop, starting from h = h_0 = e.

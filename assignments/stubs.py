@@ -19,4 +19,8 @@ ASSIGNMENTS = {
            ['looped.py::AlphaNorm.forward']),
     'a7': ('Calibrated early exit',
            ['looped.py::exit_passes', 'lab/diagnose.py::exit_depths', 'lab/diagnose.py::calibrate_exit']),
+    # the designs' math lives in functions that only a non-default design calls (injection != 'none',
+    # block='sandwich'), so that A3's loop, run under the defaults, never needs A8
+    'a8': ("The field's designs",
+           ['looped.py::LoopedGPT.inject', 'looped.py::Block.sandwich_forward']),
 }

@@ -15,7 +15,7 @@ The archive holds, at its root, what Gradescope asks for and what the runner nee
 
 Points come from the handout's table (assignments/README.md): each autograded assignment's points are split
 evenly among its grader's tests, in whole hundredths (the first tests get the odd hundredths), so the tests'
-points add up to the table's exactly. A8 and the written answers are graded by hand and are not in the archive.
+points add up to the table's exactly. A9 and the written answers are graded by hand and are not in the archive.
 
 Like make_student.py it runs only from the instructor's repository (a git checkout with the reference code).
 """
@@ -44,7 +44,7 @@ ROW = re.compile(r'^\|\s*(A\d+)\s*\|\s*([^|]*?)\s*\|\s*(\d+)\s*\|', re.M)
 
 
 def handout_points(path=HANDOUT):
-    """{'A1': (title, points), ...}: every numbered row of the handout's points table, A8 included."""
+    """{'A1': (title, points), ...}: every numbered row of the handout's points table, A9 included."""
     with open(path, encoding='utf-8') as f:
         return {name: (title, int(points)) for name, title, points in ROW.findall(f.read())}
 

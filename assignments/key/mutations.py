@@ -8,7 +8,7 @@ copy of the repository, and the assignment's grader must fail on it; the referen
     python assignments/key/mutations.py --only=a3,a7    # just these assignments
 
 The graders run in this one process (pytest.main, with every module of the scratch copy re-imported each time),
-so torch is imported once; the 68 mutations take about 20 s on a 2-core machine. tests/test_course_kit.py runs
+so torch is imported once; the 103 mutations take about 25 s on a 2-core machine. tests/test_course_kit.py runs
 it and requires every mutation to be caught by a failing test (not by an import or collection error).
 """
 
@@ -66,37 +66,21 @@ MUTATIONS = [
     # ---- A3: LoopedGPT.loops ----
     ('a3', 'looped.py', 'a list instead of a generator (all passes run before the first is used)',
      '''        e = h
-        for k in range(1, n_loop + 1):
-            h_in = h
-            h = self.loop_step(self.pass_input(h_in, e, k, n_loop))  # (B, T, C)
-            if intervene is not None:
-                h = intervene(k, h_in, h)
-                if isinstance(h, tuple):
-                    h, keep = h
-                    e = e[keep]
-            yield k, h
-            if self.inter_norm is not None:
-                h = self.inter_norm(h)''',
-     '''        e, out = h, []
-        for k in range(1, n_loop + 1):
-            h_in = h
-            h = self.loop_step(self.pass_input(h_in, e, k, n_loop))  # (B, T, C)
-            if intervene is not None:
-                h = intervene(k, h_in, h)
-                if isinstance(h, tuple):
-                    h, keep = h
-                    e = e[keep]
-            out.append((k, h))
-            if self.inter_norm is not None:
-                h = self.inter_norm(h)
-        return out'''),
+        for k in range(1, n_loop + 1):''',
+     '''        return list(self._all_passes(h, n_loop, intervene))
+
+    def _all_passes(self, h, n_loop, intervene=None):
+        e = h
+        for k in range(1, n_loop + 1):'''),
     ('a3', 'looped.py', 'yield after the inter-loop norm',
      '''            yield k, h
-            if self.inter_norm is not None:
-                h = self.inter_norm(h)''',
-     '''            if self.inter_norm is not None:
+''',
+     '''            h_out = h
+''' + '''            if self.inter_norm is not None:
                 h = self.inter_norm(h)
-            yield k, h'''),
+            yield k, h
+            h = h_out
+'''),
     ('a3', 'looped.py', 'an inter-loop norm before pass 1 too',
      '''            h_in = h
             h = self.loop_step(self.pass_input(h_in, e, k, n_loop))  # (B, T, C)''',
@@ -104,16 +88,34 @@ MUTATIONS = [
             h = self.loop_step(self.pass_input(h_in, e, k, n_loop))  # (B, T, C)'''),
     ('a3', 'looped.py', 'the pass input skipped (no injection, no truncation)',
      'h = self.loop_step(self.pass_input(h_in, e, k, n_loop))', 'h = self.loop_step(h_in)'),
+    ('a3', 'looped.py', 'pass_input handed a 0-based pass index (truncated backprop cuts one pass late)',
+     'self.pass_input(h_in, e, k, n_loop)', 'self.pass_input(h_in, e, k - 1, n_loop)'),
+    ('a3', 'looped.py', 'pass_input handed the pass index plus one (truncated backprop cuts one pass early)',
+     'self.pass_input(h_in, e, k, n_loop)', 'self.pass_input(h_in, e, k + 1, n_loop)'),
+    ('a3', 'looped.py', 'pass_input handed the trained K instead of the loop count asked for',
+     'self.pass_input(h_in, e, k, n_loop)', 'self.pass_input(h_in, e, k, self.config.n_loop)'),
+    ('a3', 'looped.py', 'pass_input handed the carried state as e (the embedding forgotten)',
+     'self.pass_input(h_in, e, k, n_loop)', 'self.pass_input(h_in, h_in, k, n_loop)'),
     ('a3', 'looped.py', 'e keeps every row when intervene drops some',
      '                    e = e[keep]\n', ''),
-    ('a3', 'looped.py', "intervene's result yielded but not carried on",
-     '''            if intervene is not None:
+    ('a3', 'looped.py', "intervene's result yielded but not carried on (the pass's own output carried instead)",
+     '''            h = self.loop_step(self.pass_input(h_in, e, k, n_loop))  # (B, T, C)
+            if intervene is not None:
                 h = intervene(k, h_in, h)
-                if isinstance(h, tuple):
+                if isinstance(h, tuple):  # rows left the batch: e must keep the same rows as h for the next pass
                     h, keep = h
                     e = e[keep]
-            yield k, h''',
-     '''            yield k, (intervene(k, h_in, h) if intervene is not None else h)'''),
+            yield k, h
+''',
+     '''            h = h_pass = self.loop_step(self.pass_input(h_in, e, k, n_loop))  # (B, T, C)
+            if intervene is not None:
+                h = intervene(k, h_in, h)
+                if isinstance(h, tuple):  # rows left the batch: e must keep the same rows as h for the next pass
+                    h, keep = h
+                    e = e[keep]
+            yield k, h
+            h = h_pass
+'''),
     ('a3', 'looped.py', 'intervene called with the output twice (no pass input)',
      'h = intervene(k, h_in, h)', 'h = intervene(k, h, h)'),
     ('a3', 'looped.py', 'the carried state detached',
@@ -121,10 +123,8 @@ MUTATIONS = [
     ('a3', 'looped.py', 'stops at the trained K',
      'for k in range(1, n_loop + 1):', 'for k in range(1, min(n_loop, self.config.n_loop) + 1):'),
     ('a3', 'looped.py', 'the carried state detached under residual recurrence (the loss stays right)',
-     '''            if self.inter_norm is not None:
-                h = self.inter_norm(h)''',
-     '''            if self.inter_norm is not None:
-                h = self.inter_norm(h)
+     '''                h = self.inter_norm(h)''',
+     '''                h = self.inter_norm(h)
             else:
                 h = h.detach()'''),
     ('a3', 'looped.py', 'normed recurrence that never normalizes what it carries',
@@ -247,6 +247,84 @@ MUTATIONS = [
     ('a7', 'lab/diagnose.py', "the confidence rule's never-exit threshold 1.0 (a top probability of 1 still exits)",
      "best = (math.inf if rule == 'confidence' else -math.inf, float(K), full)",
      "best = (1.0 if rule == 'confidence' else -math.inf, float(K), full)"),
+    ('a7', 'looped.py', "the latent rule divides the change by the new state's norm ||h_k||",
+     'return latent_change(h, h_prev) <= threshold',
+     'return (h - h_prev).norm(dim=-1) / h.norm(dim=-1) <= threshold'),
+    ('a7', 'looped.py', 'the latent rule divides the change by the mean of the two norms',
+     'return latent_change(h, h_prev) <= threshold',
+     'return 2 * (h - h_prev).norm(dim=-1) / (h.norm(dim=-1) + h_prev.norm(dim=-1)) <= threshold'),
+    ('a7', 'looped.py', 'the latent rule on the change of the norms instead of the norm of the change',
+     'return latent_change(h, h_prev) <= threshold',
+     'return (h.norm(dim=-1) - h_prev.norm(dim=-1)).abs() / h_prev.norm(dim=-1) <= threshold'),
+    ('a7', 'looped.py', 'the KL rule without the p_k weights (a plain sum of log-ratios)',
+     'return (logp.exp() * (logp - logp_prev)).sum(dim=-1) <= threshold',
+     'return (logp - logp_prev).sum(dim=-1) <= threshold'),
+    ('a7', 'looped.py', 'the KL rule averaged over the vocabulary instead of summed',
+     'return (logp.exp() * (logp - logp_prev)).sum(dim=-1) <= threshold',
+     'return (logp.exp() * (logp - logp_prev)).mean(dim=-1) <= threshold'),
+    ('a7', 'lab/diagnose.py', "latent candidates from loops 2..K (the KL rule's pool)",
+     'signal = latent[:, :K]', 'signal = latent[:, 1:K]'),
+    ('a7', 'lab/diagnose.py', 'latent candidates from every column, not only the first K',
+     'signal = latent[:, :K]', 'signal = latent'),
+    ('a7', 'lab/diagnose.py', "the latent rule's never-exit threshold +inf (which exits every token at loop 1)",
+     "best = (math.inf if rule == 'confidence' else -math.inf, float(K), full)",
+     "best = (-math.inf if rule == 'kl' else math.inf, float(K), full)"),
+    # ---- A8: LoopedGPT.inject, Block.sandwich_forward ----
+    ('a8', 'looped.py', "add returns h alone (no injection: pass 1 runs on e, not 2e)",
+     "return h + e if self.config.injection == 'add' else", "return h if self.config.injection == 'add' else"),
+    ('a8', 'looped.py', 'add returns the mean (h + e) / 2',
+     "return h + e if self.config.injection == 'add' else",
+     "return (h + e) / 2 if self.config.injection == 'add' else"),
+    ('a8', 'looped.py', 'add replaces the state by e',
+     "return h + e if self.config.injection == 'add' else", "return e if self.config.injection == 'add' else"),
+    ('a8', 'looped.py', 'add with e detached (the embedding learns nothing through the injection)',
+     "return h + e if self.config.injection == 'add' else",
+     "return h + e.detach() if self.config.injection == 'add' else"),
+    ('a8', 'looped.py', 'concat with h and e swapped, W [e; h] (at initialization the pass runs on e)',
+     'self.adapter(torch.cat([h, e], dim=-1))', 'self.adapter(torch.cat([e, h], dim=-1))'),
+    ('a8', 'looped.py', 'concat of h with itself (e never gets in)',
+     'self.adapter(torch.cat([h, e], dim=-1))', 'self.adapter(torch.cat([h, h], dim=-1))'),
+    ('a8', 'looped.py', 'concat with a residual around the adapter, h + W [h; e] (2h at initialization)',
+     'self.adapter(torch.cat([h, e], dim=-1))', 'h + self.adapter(torch.cat([h, e], dim=-1))'),
+    ('a8', 'looped.py', "concat through the adapter's first half only, W_h h",
+     'self.adapter(torch.cat([h, e], dim=-1))', 'F.linear(h, self.adapter.weight[:, :h.size(-1)])'),
+    ('a8', 'looped.py', 'concat with e detached',
+     'self.adapter(torch.cat([h, e], dim=-1))', 'self.adapter(torch.cat([h, e.detach()], dim=-1))'),
+    ('a8', 'looped.py', 'concat with the adapter detached (W never learns)',
+     'self.adapter(torch.cat([h, e], dim=-1))', 'F.linear(torch.cat([h, e], dim=-1), self.adapter.weight.detach())'),
+    ('a8', 'looped.py', 'concat as h + e (the adapter left out)',
+     'self.adapter(torch.cat([h, e], dim=-1))', '(h + e)'),
+    ('a8', 'looped.py', "sandwich without post_attn (the attention's sum not normalized)",
+     'x = self.post_attn(x + self.attn(self.norm_1(x)))', 'x = x + self.attn(self.norm_1(x))'),
+    ('a8', 'looped.py', "sandwich without post_mlp (the layer does not end in a norm)",
+     'return self.post_mlp(x + self.mlp(self.norm_2(x)))', 'return x + self.mlp(self.norm_2(x))'),
+    ('a8', 'looped.py', 'sandwich with the two post-norms swapped',
+     """        x = self.post_attn(x + self.attn(self.norm_1(x)))
+        return self.post_mlp(x + self.mlp(self.norm_2(x)))""",
+     """        x = self.post_mlp(x + self.attn(self.norm_1(x)))
+        return self.post_attn(x + self.mlp(self.norm_2(x)))"""),
+    ('a8', 'looped.py', 'sandwich with the two pre-norms swapped',
+     """        x = self.post_attn(x + self.attn(self.norm_1(x)))
+        return self.post_mlp(x + self.mlp(self.norm_2(x)))""",
+     """        x = self.post_attn(x + self.attn(self.norm_2(x)))
+        return self.post_mlp(x + self.mlp(self.norm_1(x)))"""),
+    ('a8', 'looped.py', 'post-norm instead of sandwich: norm(x + f(x)), no norm before the sublayer',
+     """        x = self.post_attn(x + self.attn(self.norm_1(x)))
+        return self.post_mlp(x + self.mlp(self.norm_2(x)))""",
+     """        x = self.post_attn(x + self.attn(x))
+        return self.post_mlp(x + self.mlp(x))"""),
+    ('a8', 'looped.py', 'the residual left out: norm(f(norm(x)))',
+     'x = self.post_attn(x + self.attn(self.norm_1(x)))', 'x = self.post_attn(self.attn(self.norm_1(x)))'),
+    ('a8', 'looped.py', "the MLP reads the block's input (the two sublayers in parallel)",
+     """        x = self.post_attn(x + self.attn(self.norm_1(x)))
+        return self.post_mlp(x + self.mlp(self.norm_2(x)))""",
+     """        y = self.post_attn(x + self.attn(self.norm_1(x)))
+        return self.post_mlp(y + self.mlp(self.norm_2(x)))"""),
+    ('a8', 'looped.py', 'the MLP before the attention',
+     """        x = self.post_attn(x + self.attn(self.norm_1(x)))
+        return self.post_mlp(x + self.mlp(self.norm_2(x)))""",
+     """        x = self.post_attn(x + self.mlp(self.norm_1(x)))
+        return self.post_mlp(x + self.attn(self.norm_2(x)))"""),
 ]
 
 

@@ -32,6 +32,7 @@ REDACTIONS = [
     # pointers at sections of the project README, which the copy replaces with the student README: optional
     # (False), since no answer ships if one disappears from the source; the instructor check finds any new one
     ('looped.py', ' (README: "Where this differs from the paper").', '.', False),
+    ('looped.py', ' (docs/results.md: "Where this differs from the paper").', '.', False),
     ('sample.py', "# out/laptop, the run of the README's main command", '# out/laptop, the default run of train.py',
      False),
     ('data/shakespeare_char/prepare.py', 'so the counts differ from the README\'s")',

@@ -146,27 +146,81 @@ def test_gradients_flow_through_the_carried_state(recurrence):
                     "something other than the state the previous pass returned.")
 
 
+def spied(model):
+    """Replace the model's pass_input by a recorder of its arguments (h, e, k, n_loop) that returns h + e: a stand-in
+    injection written here, so that what loops hands pass_input shows in what each pass runs on, and no design's
+    code (A8's) is called."""
+    calls = []
+
+    def spy(h, e, k, n_loop):
+        calls.append((h, e, k, n_loop))
+        return h + e
+    model.pass_input = spy
+    return calls
+
+
 def test_each_pass_runs_on_pass_input_of_the_carried_state_and_e():
     """loops hands pass_input(h_in, e, k, n_loop) to loop_step, with e = the h that loops was given: the designs
-    that inject the embedding (here injection='add': pass k runs on h_in + e) live in pass_input, not in loops."""
-    model = tiny(injection='add').eval()
+    that inject the embedding live in pass_input, not in loops. With the stand-in h + e, pass 1 runs on 2 h_0."""
+    model = tiny().eval()
     h0 = torch.randn(2, 5, 32)
+    calls = spied(model)
     inputs, outputs = recorded(model)
     with torch.no_grad():
         list(model.loops(h0, 3))
-    assert len(inputs) == 3, f"loops(h, 3) ran loop_step {len(inputs)} times; one pass per loop"
-    check_close(inputs[0], 2 * h0, "with injection='add', the input of pass 1 against h_0 + e = 2 h_0",
+    assert len(inputs) == 3 and len(calls) == 3, \
+        f"loops(h, 3) ran loop_step {len(inputs)} times and pass_input {len(calls)} times; once each per pass"
+    check_close(inputs[0], 2 * h0, "the input of pass 1 against pass_input(h_0, e) = h_0 + e = 2 h_0 (a stand-in "
+                "pass_input that returns h + e)",
                 hint="Each pass runs on self.pass_input(h_in, e, k, n_loop), with e the h that loops was given.")
     for k in (1, 2):
-        check_close(inputs[k], outputs[k - 1] + h0, f"with injection='add', the input of pass {k + 1} against h_{k} + e",
+        check_close(inputs[k], outputs[k - 1] + h0,
+                    f"the input of pass {k + 1} against pass_input(h_{k}, e) = h_{k} + e",
                     hint="Each pass runs on self.pass_input(h_in, e, k, n_loop): e stays the h loops was given.")
+    for k, (_, e, _, _) in enumerate(calls, 1):
+        assert torch.equal(e, h0), f"pass {k}: pass_input got an e that is not the h loops was given (the embedding)"
+
+
+@pytest.mark.parametrize('n_loop', [3, 5])
+def test_pass_input_gets_the_1_based_pass_index_and_the_loop_count_asked_for(n_loop):
+    """pass_input(h, e, k, n_loop) is told which pass it feeds, k = 1..n_loop as loops yields it, and the n_loop
+    that loops was given (which may exceed the trained K = 3): truncated backprop counts its last passes from them."""
+    model = tiny().eval()
+    calls = spied(model)
+    with torch.no_grad():
+        list(model.loops(torch.randn(2, 5, 32), n_loop))
+    ks, ns = [c[2] for c in calls], [c[3] for c in calls]
+    assert ks == list(range(1, n_loop + 1)), \
+        f"loops(h, {n_loop}) handed pass_input k = {ks}; expected 1..{n_loop}, the same 1-based k that it yields"
+    assert ns == [n_loop] * n_loop, \
+        f"loops(h, {n_loop}) handed pass_input n_loop = {ns}; expected {n_loop} every time, the loop count asked for " \
+        f"(not the trained K = {model.config.n_loop})"
+
+
+@pytest.mark.parametrize('recurrence, n_loop', [('residual', 4), ('normed', 4), ('residual', 5)])
+def test_truncated_backprop_cuts_the_state_before_the_last_bptt_passes(recurrence, n_loop):
+    """With bptt = 2, pass_input detaches the state that the second-to-last pass starts from: the gradient of h_n
+    reaches h_{n-1} and no earlier state (n = 5 runs beyond the trained K = 3). Which pass that is follows from the
+    k and n_loop that loops hands pass_input: a pass index off by one moves the cut by one pass."""
+    model = tiny(recurrence=recurrence, bptt=2)
+    h0 = torch.randn(2, 5, 32, requires_grad=True)
+    states = [h for _, h in model.loops(h0, n_loop)]
+    assert len(states) == n_loop, f"loops(h, {n_loop}) yielded {len(states)} states"
+    grads = torch.autograd.grad(states[-1].sum(), [h0] + states[:-1], allow_unused=True)
+    reached = [j for j, g in enumerate(grads) if g is not None and g.abs().sum().item() > 0]
+    want = [n_loop - 1]  # h_{n-1} only: the carried h_{n-2} is detached before pass n - 1
+    assert reached == want, (
+        f"bptt=2, {recurrence} recurrence, loops(h, {n_loop}): the gradient of h_{n_loop} reaches h_j for j = "
+        f"{reached}, expected j = {want} only (backprop through the last 2 passes). Hand pass_input the 1-based pass "
+        f"index k and the n_loop loops was given: pass_input(h_in, e, k, n_loop).")
 
 
 def test_rows_dropped_by_intervene_leave_e_too():
     """intervene may drop rows (the exit benchmark removes sequences that exited) by returning (h_k, keep), keep a
     bool mask over the rows it was given: the yielded and carried state is h_k, and e keeps the same rows."""
-    model = tiny(injection='add').eval()
+    model = tiny().eval()
     h0 = torch.randn(4, 5, 32)
+    spied(model)
     inputs, outputs = recorded(model)
     keep = torch.tensor([True, False, True, False])
 
@@ -175,5 +229,6 @@ def test_rows_dropped_by_intervene_leave_e_too():
     with torch.no_grad():
         got = list(model.loops(h0, 2, intervene=drop))
     assert got[0][1].shape[0] == 2, "when intervene returns (h_k, keep), loops yields h_k (the rows kept), not the pair"
-    check_close(inputs[1], outputs[0][keep] + h0[keep], "pass 2's input after rows 1 and 3 left at loop 1",
+    check_close(inputs[1], outputs[0][keep] + h0[keep], "pass 2's input after rows 1 and 3 left at loop 1 (a "
+                "stand-in pass_input that returns h + e)",
                 hint="After intervene returns (h_k, keep), carry h_k on and keep only e[keep] for the next passes.")

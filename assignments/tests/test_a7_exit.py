@@ -88,6 +88,33 @@ def test_the_latent_rule_on_hand_made_states():
                               f"the latent rule reads its own column (the latent argument), and can pass at loop 1.")
 
 
+def test_the_latent_rule_divides_by_the_previous_states_norm():
+    """The change is measured against the state it left, ||h_k - h_(k-1)|| / ||h_(k-1)||, not against the new state
+    ||h_k|| (nor their mean). A state that doubles changes by 1 relative to where it was, 0.5 relative to where it
+    went; one that halves, by 0.5 and 1: at a threshold of 0.5 the two denominators give opposite answers."""
+    h_prev = torch.tensor([[1.0, 0.0], [2.0, 0.0]])
+    h = torch.tensor([[2.0, 0.0], [1.0, 0.0]])                      # doubled, halved: change 1 in both
+    lp = torch.zeros(2, 4).log_softmax(-1)
+    got = exit_passes('latent', 0.5, lp, None, h, h_prev).tolist()
+    assert got == [False, True], (
+        f"latent rule, threshold 0.5, a state that doubles (1 -> 2) and one that halves (2 -> 1): got {got}, expected "
+        f"[False, True]. Divide the change by the previous state's norm ||h_(k-1)|| (relative changes 1 and 0.5)"
+        + (", not by the new state's ||h_k||." if got == [True, False] else "."))
+
+
+def test_the_kl_rule_is_the_p_k_weighted_sum_over_the_vocabulary():
+    """KL(p || q) = sum_v p_v (log p_v - log q_v): each log-ratio weighted by p_k's own probability, summed (not
+    averaged) over the vocabulary. For p = (0.5, 0.5), q = (0.9, 0.1): KL = 0.511, while the unweighted sum of
+    log-ratios is 1.022 and the mean over the two entries 0.255, so thresholds 0.4 and 0.75 tell all three apart."""
+    p, q = logp(0.5, 0.5)[None], logp(0.9, 0.1)[None]
+    for t, want in ((0.4, [False]), (0.75, [True])):
+        got = exit_passes('kl', t, p, q).tolist()
+        assert got == want, (
+            f"KL rule, threshold {t}, p_k = (0.5, 0.5) after p_(k-1) = (0.9, 0.1), KL = 0.511: got {got}, expected "
+            f"{want}. The rule is sum_v p_k,v (log p_k,v - log p_(k-1),v) <= threshold: weight each log-ratio by "
+            f"p_k and sum it over the vocabulary.")
+
+
 def synthetic(n=200, K=3, seed=0):
     """Half the tokens are easy: confident (p = 0.95) and already right at loop 1. The other half are hard: unsure
     (p = 0.3) until the last loop and much worse early. Calibration must exit the easy half at loop 1 and keep the
@@ -263,11 +290,49 @@ def test_kl_candidates_are_the_201_quantiles_of_loops_2_to_K_and_the_smallest_wi
             *distinct(ppl, full))
 
 
-@pytest.mark.parametrize('rule, never', [('confidence', math.inf), ('kl', -math.inf)])
+def latent_case():
+    """99 easy tokens, right at loop 1 with a relative change there in [0.01, 0.05]; one hard token whose early exit
+    costs 50 nats, change 0.06 at loop 1 and 0.5 at loop 2. Every threshold in [the easy tokens' largest change,
+    0.06) gives the fewest mean loops, 1.02: the answer is the smallest candidate at or above that change. The
+    latent column is finite from loop 1 on (h_1 is compared with h_0), so the pool is loops 1..K, unlike the KL
+    rule's 2..K; a fifth column beyond K must not count."""
+    rng = np.random.default_rng(10)
+    n, K = 100, 3
+    latent = np.stack([rng.uniform(0.01, 0.05, n), rng.uniform(0.2, 0.9, n), rng.uniform(0.001, 0.3, n),
+                       rng.uniform(0, 1e-3, n)], axis=1)
+    latent[0, :3] = 0.06, 0.5, 0.001
+    ce = np.repeat(rng.uniform(3.0, 4.0, n)[:, None], K + 1, axis=1)
+    ce[0, :2] += 50.0
+    pmax, kl = np.full((n, K + 1), 0.5), np.ones((n, K + 1))
+    kl[:, 0] = math.inf
+    return ce, pmax, kl, latent, K
+
+
+def test_latent_candidates_are_the_201_quantiles_of_loops_1_to_K_and_the_smallest_wins_a_tie():
+    ce, pmax, kl, latent, K = latent_case()
+    t, loops, ppl = calibrate_exit('latent', ce, pmax, kl, K, latent=latent)
+    assert loops == pytest.approx(1.02), \
+        "latent rule, 99 free exits at loop 1 and one costly one: mean loops {}, expected {}".format(
+            *distinct(loops, 1.02))
+    easy_max = latent[1:, 0].max()
+    want = candidates(latent[:, :K], at_least=easy_max)
+    variants = {'loops 2..K only (the KL rule\'s pool)': candidates(latent[:, 1:K], at_least=easy_max),
+                'every column of latent (not only the first K)': candidates(latent, at_least=easy_max),
+                'the KL column instead of the latent one': 1.0}
+    assert all(v != pytest.approx(want, rel=1e-9) for v in variants.values()), \
+        "the grader's own case no longer tells every mistake apart (a fault of the grader, not of your code)"
+    assert t == pytest.approx(want, rel=1e-12), (
+        "latent rule: calibrate_exit returned the threshold {}, expected {}: the smallest candidate that reaches the "
+        "fewest mean loops within the tolerance. The candidates are the distinct values of np.quantile(latent "
+        "changes of loops 1..K of every token, np.linspace(0, 1, 201)): loop 1's change is finite and counts.".format(
+            *distinct(t, want)) + which_mistake(t, variants))
+
+
+@pytest.mark.parametrize('rule, never', [('confidence', math.inf), ('kl', -math.inf), ('latent', -math.inf)])
 def test_when_no_threshold_exits_early_calibration_returns_the_never_exit_value(rule, never):
     """Every early exit costs 50 nats, so no candidate gives fewer than K mean loops within the tolerance: the
     answer is (never-exit threshold, K, depth K's perplexity), the threshold being inf for the confidence rule
-    and -inf for the KL rule (no top probability reaches inf, no KL is at or below -inf)."""
+    and -inf for the KL and latent rules (no top probability reaches inf, no KL or change is at or below -inf)."""
     rng = np.random.default_rng(9)
     n, K = 50, 3
     pmax = rng.uniform(0.2, 0.9, (n, K))
@@ -275,14 +340,16 @@ def test_when_no_threshold_exits_early_calibration_returns_the_never_exit_value(
     kl[:, 0] = math.inf
     ce = np.repeat(rng.uniform(3.0, 4.0, n)[:, None], K, axis=1)
     ce[:, :K - 1] += 50.0
-    t, loops, ppl = calibrate_exit(rule, ce, pmax, kl, K)
+    latent = rng.uniform(0.01, 1.0, (n, K))
+    t, loops, ppl = calibrate_exit(rule, ce, pmax, kl, K, latent=latent)
     full = math.exp(ce[:, K - 1].mean())
     assert t == never, (
         f"{rule} rule, no early exit within the tolerance: calibrate_exit returned the threshold {t!r}, expected "
         f"{never!r}, the handout's never-exit value for this rule"
-        + (" (+inf under the KL rule would exit every token at loop 2)" if rule == 'kl' and t == math.inf else ""))
+        + (f" (+inf under the {rule} rule would exit every token early)" if rule != 'confidence' and t == math.inf
+           else ""))
     assert loops == K and ppl == pytest.approx(full, rel=1e-12), \
         f"{rule} rule, no early exit within the tolerance: got mean loops {loops!r} and perplexity {ppl!r}, " \
         f"expected K = {K} and depth K's perplexity {full!r}"
-    depths = exit_depths(rule, t, pmax, kl, K)
+    depths = exit_depths(rule, t, pmax, kl, K, latent)
     assert (depths == K).all(), f"{rule} rule: the never-exit threshold {t!r} still exits some tokens before K"

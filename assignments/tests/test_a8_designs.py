@@ -1,0 +1,189 @@
+"""A8 grader: LoopedGPT.inject and Block.sandwich_forward (looped.py), the field's designs, against invariants and
+computations done here by hand: what concat computes at initialization, what add's first pass runs on, what the
+adapter's two halves do, and the RMS a sandwich layer hands on. PYTEST_DONT_REWRITE"""
+
+import pytest
+import torch
+
+from grading import check_close, tiny, one_thread  # noqa: F401 (one_thread: autouse, torch on one thread here)
+from looped import Block, LoopedConfig
+
+
+def pair(seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(2, 5, 32, generator=g), torch.randn(2, 5, 32, generator=g)
+
+
+def test_add_returns_h_plus_e_with_both_gradients():
+    model = tiny(injection='add')
+    h, e = (x.requires_grad_() for x in pair())
+    w = torch.randn(2, 5, 32)
+    out = model.inject(h, e)
+    check_close(out, h + e, "injection='add': inject(h, e) against h + e")
+    gh, ge = torch.autograd.grad((out * w).sum(), [h, e], allow_unused=True)
+    for name, g in (('h', gh), ('e', ge)):
+        assert g is not None, f"injection='add': no gradient reaches {name} (is it detached?)"
+        check_close(g, w, f"injection='add': d(w . inject(h, e)) / d{name} against w (the sum passes it on unchanged)")
+
+
+def recorded(model):
+    """Every pass's input (what loop_step is given) and output."""
+    inputs, outputs = [], []
+    step = model.loop_step
+
+    def wrapped(h):
+        inputs.append(h)
+        outputs.append(step(h))
+        return outputs[-1]
+    model.loop_step = wrapped
+    return inputs, outputs
+
+
+def test_adds_first_pass_runs_on_2e_and_each_later_one_on_h_plus_e():
+    """Through the model's own loop: pass 1 starts from h_0 = e, so it runs on e + e = 2e; pass k + 1 on h_k + e."""
+    model = tiny(injection='add').eval()
+    e = torch.randn(2, 5, 32)
+    inputs, outputs = recorded(model)
+    with torch.no_grad():
+        list(model.loops(e, 3))
+    assert len(inputs) == 3, f"loops(e, 3) ran loop_step {len(inputs)} times"
+    check_close(inputs[0], 2 * e, "injection='add': the input of pass 1 against 2e (h_0 = e, plus e)",
+                hint="inject(h, e) returns h + e: the carried state and the embedding, each as it is.")
+    for k in (1, 2):
+        check_close(inputs[k], outputs[k - 1] + e, f"injection='add': the input of pass {k + 1} against h_{k} + e")
+
+
+def concat_and_none(seed=0):
+    """A concat model and a model without injection with the same weights; the adapter keeps its [I | 0] start."""
+    none, concat = tiny(seed), tiny(seed, injection='concat')
+    missing, unexpected = concat.load_state_dict(none.state_dict(), strict=False)
+    assert missing == ['adapter.weight'] and not unexpected, \
+        f"the concat model's extra weights are {missing} (a fault of the grader or of looped.py, not of inject)"
+    d = 32
+    start = torch.cat([torch.eye(d), torch.zeros(d, d)], dim=1)
+    assert torch.equal(concat.adapter.weight, start), \
+        "the adapter does not start at [I | 0] (set in _init_weights, not by inject): the grader cannot check concat"
+    return none.eval(), concat.eval()
+
+
+def test_concat_at_initialization_computes_what_no_injection_computes():
+    """W = [I | 0] at initialization, so W [h; e] = h: every pass, every state and the logits are those of the same
+    weights without injection. Only training lets e in."""
+    none, concat = concat_and_none()
+    h, e = pair()
+    check_close(concat.inject(h, e), h, "injection='concat' at initialization: inject(h, e) against h (W = [I | 0])",
+                rtol=1e-6, atol=1e-6, hint="inject returns W [h; e]: the adapter applied to h and e side by side, "
+                "h first, on the last dimension.")
+    idx = torch.randint(11, (2, 16), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        a = [h for _, h in none.loops(none.embed(idx), 4)]
+        b = [h for _, h in concat.loops(concat.embed(idx), 4)]
+        la, lb = none(idx)[0], concat(idx)[0]
+    for k, (x, y) in enumerate(zip(a, b), 1):
+        check_close(y, x, f"h_{k} of the concat model at initialization against the same model without injection",
+                    rtol=1e-5, atol=1e-5)
+    check_close(lb, la, "the concat model's logits at initialization against the same model without injection",
+                rtol=1e-5, atol=1e-5)
+
+
+def test_concat_is_W_h_h_plus_W_e_e_by_hand():
+    """With any W = [W_h | W_e] (C x 2C), W [h; e] = h W_h^T + e W_e^T per token."""
+    model = tiny(injection='concat')
+    W = torch.randn(32, 64, generator=torch.Generator().manual_seed(3)) / 8
+    with torch.no_grad():
+        model.adapter.weight.copy_(W)
+    h, e = pair()
+    check_close(model.inject(h, e), h @ W[:, :32].T + e @ W[:, 32:].T,
+                "injection='concat' with a random W: inject(h, e) against W_h h + W_e e",
+                rtol=1e-5, atol=1e-5, hint="W's first 32 columns act on the carried state h, the last 32 on e.")
+
+
+def test_changing_the_adapters_second_half_changes_the_output():
+    """From the [I | 0] start, W_e = B adds exactly e B^T: the second half of W is how e gets in."""
+    _, model = concat_and_none()
+    h, e = pair()
+    with torch.no_grad():
+        before = model.inject(h, e)
+        B = torch.randn(32, 32, generator=torch.Generator().manual_seed(4)) / 8
+        model.adapter.weight[:, 32:] = B
+        after = model.inject(h, e)
+    assert (after - before).abs().max().item() > 1e-3, \
+        "injection='concat': changing the adapter's second half W_e leaves the output as it was: e never gets in"
+    check_close(after - before, e @ B.T, "the change of inject(h, e) when W_e goes from 0 to B, against e B^T",
+                rtol=1e-4, atol=1e-5)
+
+
+def test_concat_gradients_reach_h_e_and_both_halves_of_the_adapter():
+    """For L = sum(w * W [h; e]): dL/dh = w W_h, dL/de = w W_e, dL/dW = sum over tokens of w^T [h; e]."""
+    model = tiny(injection='concat')
+    W = torch.randn(32, 64, generator=torch.Generator().manual_seed(5)) / 8
+    with torch.no_grad():
+        model.adapter.weight.copy_(W)
+    h, e = (x.requires_grad_() for x in pair())
+    w = torch.randn(2, 5, 32)
+    grads = torch.autograd.grad((model.inject(h, e) * w).sum(), [h, e, model.adapter.weight], allow_unused=True)
+    he = torch.cat([h, e], dim=-1).detach()
+    expected = [w @ W[:, :32], w @ W[:, 32:], torch.einsum('btc,btd->cd', w, he)]
+    for name, g, want in zip(['h', 'e', 'the adapter W'], grads, expected):
+        assert g is not None, f"injection='concat': no gradient reaches {name} (is it detached?)"
+        check_close(g, want, f"injection='concat': dL/d{name} against its hand computation", rtol=1e-4, atol=1e-5)
+
+
+def sandwich_block(last_gain=None, seed=6):
+    """A sandwich Block whose four norms have different gains (so that none can stand in for another), the last
+    one a constant if last_gain is given."""
+    torch.manual_seed(seed)
+    block = Block(LoopedConfig(vocab_size=11, block_size=16, n_embd=32, n_head=4, n_layer=1, n_loop=1,
+                               block='sandwich')).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for norm in (block.norm_1, block.post_attn, block.norm_2, block.post_mlp):
+            norm.weight.copy_(0.5 + torch.rand(32, generator=g))
+        if last_gain is not None:
+            block.post_mlp.weight.fill_(last_gain)
+    return block
+
+
+@pytest.mark.parametrize('scale', [1e-2, 1.0, 1e3])
+def test_a_sandwich_blocks_output_rms_is_its_last_gain_whatever_the_input_scale(scale):
+    block = sandwich_block(last_gain=1.7)
+    x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(7)) * scale
+    with torch.no_grad():
+        y = block(x)
+    rms = y.pow(2).mean(-1).sqrt()
+    check_close(rms, torch.full_like(rms, 1.7), f"block='sandwich', input scale {scale:g}: the output's RMS per token "
+                f"against post_mlp's gain 1.7", rtol=1e-4, atol=1e-6,
+                hint="The layer ends in a norm: the MLP's sum is normalized, post_mlp(x + mlp(norm_2(x))).")
+
+
+def test_both_sublayer_sums_are_normalized():
+    """The sandwich by hand: y = post_attn(x + attn(norm_1(x))), then post_mlp(y + mlp(norm_2(y))), with the
+    block's own sublayers and four different gains."""
+    block = sandwich_block()
+    x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(8)) * 3
+    with torch.no_grad():
+        got = block(x)
+        y = block.post_attn(x + block.attn(block.norm_1(x)))
+        expected = block.post_mlp(y + block.mlp(block.norm_2(y)))
+        y0 = x + block.attn(block.norm_1(x))
+        no_post_attn = block.post_mlp(y0 + block.mlp(block.norm_2(y0)))
+    hint = ''
+    if torch.allclose(got, no_post_attn, rtol=1e-4, atol=1e-5):
+        hint = "Your output is the one without post_attn: the attention's sum must be normalized too."
+    check_close(got, expected, "block='sandwich': the block's output against norm(x + f(norm(x))) for attention "
+                "(norm_1, post_attn), then for the MLP (norm_2, post_mlp), computed by hand", rtol=1e-4, atol=1e-5,
+                hint=hint or "Each sublayer f reads its own pre-norm and its sum with x passes through its post-norm.")
+
+
+def test_a_sandwich_model_hands_on_every_state_at_the_gain():
+    """Through the model: with every block's last gain at 0.7, each h_k (B, T, C) has RMS 0.7 per token whatever
+    the scale of h_0, so ||h_k|| = 0.7 sqrt(C) at every loop: the scale is not carried."""
+    model = tiny(block='sandwich').eval()
+    with torch.no_grad():
+        for block in model.blocks:
+            block.post_mlp.weight.fill_(0.7)
+        states = [h for _, h in model.loops(torch.randn(2, 5, 32) * 1e3, 4)]
+    for k, h in enumerate(states, 1):
+        rms = h.pow(2).mean(-1).sqrt()
+        check_close(rms, torch.full_like(rms, 0.7), f"block='sandwich': the RMS per token of h_{k} from h_0 of "
+                    f"RMS 1000, against the last block's post_mlp gain 0.7", rtol=1e-4, atol=1e-6)
