@@ -1,13 +1,13 @@
 """
 A looped (depth-recurrent) transformer language model, in one file.
 
-One shared stack of pre-norm transformer layers is applied n_loop (K) times. Every loop's hidden state
-h_k is read out through the LM head (so it can be supervised: "per-loop" or "dense" supervision) and is
-also fed back into the next loop. The paper this reproduces ("Dense Supervision Is Not Enough: The
-Readout Blind Spot in Looped Language Models", Sharma & Vu, 2026) shows that a scale-invariant readout
-(RMSNorm or LayerNorm before the head) hides ||h_k|| from the loss, while the pre-norm residual loop keeps
-carrying and growing it. The variants below are the knobs that expose or remove that blind spot (each is one
-LoopedConfig field, with its choices; train.py has a flag of the same name for every field):
+One shared stack of pre-norm transformer layers is applied n_loop (K) times. Every loop's hidden state h_k is read out
+through the LM head (so it can be supervised: "per-loop" or "dense" supervision) and is also fed back into the next
+loop. The paper this reproduces ("Dense Supervision Is Not Enough: The Readout Blind Spot in Looped Language Models",
+Sharma & Vu, 2026) shows that a scale-invariant readout (RMSNorm or LayerNorm before the head) hides ||h_k|| from the
+loss, while the pre-norm residual loop keeps carrying and growing it. The variants below are the knobs that expose or
+remove that blind spot (each is one LoopedConfig field, with its choices; train.py has a flag of the same name for
+every field):
 
     readout      rmsnorm | layernorm   scale-invariant: the loss cannot see ||h||
                  raw                   no norm: the head sees the scale, so the loss controls it
@@ -30,14 +30,14 @@ The other looped LMs (Huginn, looped_nanochat, nanoLOOP) build the loop in ways 
     residual_scale none | inverse_k    each pass's update scaled by 1/K (loop_step)
     exit rules   confidence | kl | latent      at inference: exit_passes (sample.py --exit, lab/diagnose.py)
 
-The other fields are the shape (vocab_size, block_size, n_embd, n_head, n_layer, n_loop, dropout), the readout's
-alpha, and choices that leave the concept alone: init, mlp, tie_weights, attention, norm_eps.
+The other fields are the shape (vocab_size, block_size, n_embd, n_head, n_layer, n_loop, dropout), the readout's alpha,
+and choices that leave the concept alone: init, mlp, tie_weights, attention, norm_eps.
 
-In every variant h_k is the output of pass k before any inter-loop norm or coda: it is what is carried, read
-out, penalized and logged (LoopedGPT.loops is the one place that runs the passes).
+In every variant h_k is the output of pass k before any inter-loop norm or coda: it is what is carried, read out,
+penalized and logged (LoopedGPT.loops is the one place that runs the passes).
 
-Importing this file has no side effects. It is the model alone: checkpoints and run names live in lab/runs.py,
-the device in lab/runtime.py.
+Importing this file has no side effects. It is the model alone: checkpoints and run names live in lab/runs.py, the
+device in lab/runtime.py.
 """
 
 import math
@@ -53,12 +53,11 @@ from torch.utils.checkpoint import checkpoint
 
 def knob(default, help, choices=None, tag=None, label=None, named=None, variant=True):
     """A LoopedConfig field and what the scripts derive from it: argparse choices and help (train.py's flags) and,
-    for a variant of the model (a field with choices or a tag), its names when it is not at its default: tag +
-    value in the run folder's name (out/laptop-pen0.01; without a tag the field's own name, out/laptop-readout_raw)
-    and label, a format string of the value v, in the condition's name ('per_loop + rmsnorm + penalty 0.1';
-    default ' + {v}', or ' + <tag>{v}'). named: values whose condition name is fixed instead. Declaring a design
-    here, once, gives it a flag, a checkpoint entry, a run name and a row in the tables (lab/runs.py derives the
-    names). variant=False keeps a field with choices out of conditions and names (an implementation choice)."""
+    for a variant (a field with choices or a tag), its names off its default: tag + value in the run folder's name
+    (out/laptop-pen0.01; no tag: the field's name, out/laptop-readout_raw), and label, a format string of the value
+    v, in the condition's name (' + penalty {v}'; default ' + {v}' or ' + <tag>{v}'); named: values with a fixed one.
+    Declaring a design here, once, gives it a flag, a checkpoint entry, a run name and a row in the tables (lab/runs.py
+    derives the names). variant=False keeps a field with choices out of names (an implementation choice)."""
     return field(default=default, metadata={'help': help, 'choices': choices, 'tag': tag, 'label': label,
                                             'named': named or {}, 'variant': variant})
 
@@ -100,33 +99,29 @@ class LoopedConfig:
                                "(arXiv 2606.18524's fix for residual growth)", ('none', 'inverse_k'))
     bptt: int = knob(0, 'backprop through the last bptt loops only (the carried state detached before them); 0: all',
                      tag='bptt')
-    # ---- implementation choices (the same model either way, or nearly)
-    # unset, it follows init: each recipe is one flag, and the authors tie the head where nanoGPT's gpt2 recipe here
-    # draws its own
+    # ---- implementation choices (the same model, or nearly); tie_weights unset follows init: one flag a recipe
     tie_weights: Optional[bool] = knob(None, "LM head shares the token embedding; unset: tied unless init=gpt2")
     attention: str = knob('sdpa', "'sdpa' (fused / flash kernels) or 'manual' (the same math, spelled out)",
                           ('sdpa', 'manual'), variant=False)
     norm_eps: float = knob(1e-6, 'epsilon of every RMSNorm, as in the authors\' release')
 
     def __post_init__(self):
-        if self.tie_weights is None:
-            self.tie_weights = self.init != 'gpt2'
-        finite = math.isfinite
-        checks = [(f.name, getattr(self, f.name) in f.metadata['choices'], f"is not one of {', '.join(f.metadata['choices'])}")
-                  for f in fields(self) if f.metadata['choices']]
+        self.tie_weights = self.init != 'gpt2' if self.tie_weights is None else self.tie_weights
+        choices = {f.name: f.metadata['choices'] for f in fields(self) if f.metadata['choices']}
+        checks = [(name, getattr(self, name) in c, 'is not one of ' + ', '.join(c)) for name, c in choices.items()]
         checks += [(n, getattr(self, n) >= 1, 'must be at least 1')
                    for n in ('vocab_size', 'block_size', 'n_embd', 'n_head', 'n_layer', 'n_loop')]
         checks += [(n, getattr(self, n) >= 0, 'must be at least 0') for n in ('n_prelude', 'n_coda', 'bptt')]
         checks += [('n_embd', self.n_embd % max(self.n_head, 1) == 0, f"is not divisible by n_head={self.n_head}"),
-                   ('norm_eps', self.norm_eps > 0 and finite(self.norm_eps), 'must be a finite number > 0'),
+                   ('norm_eps', 0 < self.norm_eps < math.inf, 'must be a finite number > 0'),  # nan fails both
                    ('dropout', 0.0 <= self.dropout < 1.0, 'must be in [0, 1)'),
-                   ('norm_penalty', self.norm_penalty >= 0.0 and finite(self.norm_penalty), 'must be a finite number >= 0'),
-                   ('alpha', self.alpha is None or 0.0 <= self.alpha <= 1.0, 'must be in [0, 1] (or unset, to learn it)'),
-                   ('alpha', self.alpha is None or self.readout == 'alpha', f"is only used by readout='alpha', not {self.readout!r}")]
+                   ('norm_penalty', 0 <= self.norm_penalty < math.inf, 'must be a finite number >= 0'),
+                   ('alpha', self.alpha is None or 0 <= self.alpha <= 1, 'must be in [0, 1] (or unset, to learn it)'),
+                   ('alpha', self.alpha is None or self.readout == 'alpha',
+                    f"is only used by readout='alpha', not {self.readout!r}")]
         for name, ok, why in checks:  # the first failure, in one line
             if not ok:
-                value = getattr(self, name)
-                raise ValueError(f"{name}={repr(value) if isinstance(value, str) else value} {why}")
+                raise ValueError(f"{name}={getattr(self, name)!r} {why}")
 
     @staticmethod
     def choices(name):
@@ -134,8 +129,8 @@ class LoopedConfig:
 
     @staticmethod
     def variants():
-        """The fields that make a condition (those with choices or a tag, but implementation choices), in
-        declaration order."""
+        """The fields that make a condition (those with choices or a tag, but implementation choices), in declaration
+        order."""
         return [f for f in fields(LoopedConfig)
                 if (f.metadata['choices'] or f.metadata['tag']) and f.metadata['variant']]
 
@@ -156,8 +151,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x):
         """x (..., C) -> weight * x / sqrt(mean(x^2 over C) + eps), returned in the dtype of x."""
-        # at least fp32 (bf16 and fp16 inputs are upcast) so that huge hidden states (norms in the thousands) keep
-        # their precision and do not overflow
+        # in at least fp32 (bf16 and fp16 are upcast): states with norms in the thousands keep their precision
         xf = x.to(torch.promote_types(x.dtype, torch.float32))
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight).type_as(x)
 
@@ -166,23 +160,18 @@ class CausalSelfAttention(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        self.n_head = config.n_head
-        self.dropout = config.dropout
-        self.attention = config.attention
+        self.n_head, self.dropout, self.attention = config.n_head, config.dropout, config.attention
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=False)  # q, k, v in one matmul
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
-        # dropout acts on the attention probabilities only, not on this projection's output: the authors' layer
-        # has three dropout sites in all (embedding, attention probabilities, MLP output), and so does this one
-        # the causal mask is only needed by the manual path; SDPA builds it from is_causal=True
-        T = config.block_size
-        self.register_buffer('mask', torch.tril(torch.ones(T, T, dtype=torch.bool)), persistent=False)
+        # dropout acts on the attention probabilities only, as in the authors' layer (three dropout sites in all:
+        # embedding, attention probabilities, MLP output); the causal mask serves the manual path (SDPA: is_causal)
+        self.register_buffer('mask', torch.tril(torch.ones(config.block_size, config.block_size, dtype=torch.bool)),
+                             persistent=False)
 
     def forward(self, x):
         B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)                      # 3 x (B, T, C)
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        # q, k, v: (B, T, C) each from one matmul, split into heads: (B, nh, T, hs)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in self.c_attn(x).split(C, dim=2))
         p = self.dropout if self.training else 0.0
         if self.attention == 'sdpa':
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)  # (B, nh, T, hs)
@@ -214,10 +203,10 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """One layer. Pre-norm (block='prenorm'): x + attn(norm(x)), then x + mlp(norm(x)); the residual stream itself
-    is never normalized, which is why its scale can grow from loop to loop. Sandwich (block='sandwich', Huginn's
-    and looped_nanochat's layer): each sublayer's sum is normalized too, norm(x + attn(norm(x))), so every layer
-    hands on a state of RMS equal to its last norm's gain, whatever scale it was given."""
+    """One layer. Pre-norm (block='prenorm'): x + attn(norm(x)), then x + mlp(norm(x)); the residual stream itself is
+    never normalized, which is why its scale can grow from loop to loop. Sandwich (block='sandwich', Huginn's and
+    looped_nanochat's layer): each sublayer's sum is normalized too, norm(x + attn(norm(x))), so every layer hands on a
+    state of RMS equal to its last norm's gain, whatever scale it was given."""
 
     def __init__(self, config):
         super().__init__()
@@ -256,9 +245,8 @@ class AlphaNorm(nn.Module):
         self.log_s_ref = nn.Parameter(torch.zeros(()))                # s_ref = 1 at the start
 
     def alpha(self):
-        if self.fixed_alpha is not None:
-            return torch.tensor(float(self.fixed_alpha), device=self.log_s_ref.device)
-        return torch.sigmoid(self.alpha_logit)
+        return torch.sigmoid(self.alpha_logit) if self.fixed_alpha is None else \
+            torch.tensor(float(self.fixed_alpha), device=self.log_s_ref.device)
 
     def forward(self, h):
         """h (..., C) -> s_ref^(1 - alpha) * s^alpha * h / s per token, s = RMS(h) clamped at eps, in h's dtype."""
@@ -285,9 +273,9 @@ class Readout(nn.Module):
             self.norm = nn.Identity()
 
     def forward(self, h, k):
-        """The LM head's input for h_k (..., C) at loop k: self.norm(h), except that 'final_norm' reads out raw
-        where the model was trained to exit early (k < K) and normalizes at the trained depth K and, by the same
-        rule, at any extrapolated depth beyond it. ('raw' has an identity for its norm.)"""
+        """The LM head's input for h_k (..., C) at loop k: self.norm(h), except that 'final_norm' reads out raw where
+        the model was trained to exit early (k < K) and normalizes at the trained depth K and, by the same rule, at any
+        extrapolated depth beyond it. ('raw' has an identity for its norm.)"""
         if self.kind == 'final_norm' and k < self.n_loop:
             return h
         return self.norm(h)
@@ -305,9 +293,8 @@ class LoopedGPT(nn.Module):
         # unshared layers around the loop (empty by default): the prelude runs once, the coda on every readout
         self.prelude = nn.ModuleList([Block(config) for _ in range(config.n_prelude)])
         self.coda = nn.ModuleList([Block(config) for _ in range(config.n_coda)])
-        # input injection W [h; e]: a Linear(2d -> d) on the carried state and the embedding, see pass_input
+        # input injection W [h; e], a Linear(2d -> d), see pass_input; the inter-loop norm: pass k + 1 starts from it
         self.adapter = nn.Linear(2 * config.n_embd, config.n_embd, bias=False) if config.injection == 'concat' else None
-        # inter-loop normalization: what pass k produced is normalized before pass k + 1 starts from it
         self.inter_norm = RMSNorm(config.n_embd, config.norm_eps) if config.recurrence == 'normed' else None
         self.readout = Readout(config)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
@@ -316,21 +303,16 @@ class LoopedGPT(nn.Module):
         self._init_weights()
 
     def _init_weights(self):
-        # Three recipes, because initialization decides whether the blind spot shows on short runs:
-        # 'paper' is the authors' release: PyTorch's own defaults, i.e. nn.Linear U(-1/sqrt(fan_in), +1/sqrt(fan_in)),
-        #   nn.Embedding N(0, 1) and norms at gain 1, with the LM head tied to the N(0, 1) token embedding.
-        #   Embeddings of RMS 1 and logits in the tens make the norm run away within the first hundred steps.
-        # 'gpt2' is nanoGPT's: N(0, 0.02) everywhere, residual output projections scaled down by
-        #   sqrt(2 * unrolled depth) so the sum of all residual writes starts small; the head is untied.
-        #   With it the blind spot takes far longer to show (docs/results.md: "Where this differs from the paper").
-        # 'paper_small_embed' is 'paper' with the two embeddings (and so the tied head) at gpt2's N(0, 0.02): the
-        #   ablation that tells the embedding's scale apart from the rest of gpt2's recipe.
-        # Under all three, the injection adapter W starts as [I | 0], so that W [h; e] = h: at step 0 'concat'
-        #   computes exactly what 'none' does (nanoLOOP's and looped_nanochat's identity start), and training learns
-        #   how much of e to let in.
-        # Every redrawn weight has a generator of its own, seeded by the run's seed and the weight's name: a
-        # parameter added anywhere never shifts another's draw, as one shared stream in construction order would.
-        # ('paper' keeps PyTorch's stream in the constructors above: it is the default, and its numbers are pinned.)
+        # Three recipes, because initialization decides whether the blind spot shows on short runs. 'paper', the
+        #   authors': PyTorch's defaults (nn.Linear U(+-1/sqrt(fan_in)), nn.Embedding N(0, 1), gains 1), the head tied
+        #   to the N(0, 1) embedding: logits in the tens make the norm jump in the first steps. 'gpt2', nanoGPT's: N(0,
+        #   0.02), residual projections scaled down by sqrt(2 * unrolled depth), the head untied; the blind spot then
+        #   takes far longer to show (docs/results.md: "Where this differs from the paper"). 'paper_small_embed':
+        #   'paper' with both embeddings (so the tied head too) at N(0, 0.02), an ablation. Under all three the adapter
+        #   W starts as [I | 0]: at step 0 'concat' computes what 'none' does (nanoLOOP's and looped_nanochat's
+        #   identity start). A redrawn weight has a generator of its own, seeded by the run's seed and its name, so
+        #   that a parameter added anywhere never shifts another's draw ('paper' keeps PyTorch's stream: it is the
+        #   default, its numbers are pinned).
         c, seed = self.config, torch.initial_seed()
         depth = c.n_layer * c.n_loop
         for name, p in self.named_parameters():
@@ -345,13 +327,10 @@ class LoopedGPT(nn.Module):
                 p.copy_(torch.randn(p.shape, generator=draw) * std)
         if self.adapter is not None:
             with torch.no_grad():
-                d = c.n_embd
-                self.adapter.weight.zero_()
-                self.adapter.weight[:, :d].copy_(torch.eye(d))
+                self.adapter.weight.copy_(torch.eye(c.n_embd, 2 * c.n_embd))  # [I | 0]
 
     def num_params(self):
-        """Unique parameters: the shared stack counts once however many times it is looped (and a tied
-        head counts once), because parameters() yields each tensor once."""
+        """Unique parameters: the looped stack and a tied head count once (parameters() yields each tensor once)."""
         return sum(p.numel() for p in self.parameters())
 
     # ---- the forward pass, in the order it runs: embed, loops (loop_step, inter-loop norm), readout, loss ----
@@ -373,8 +352,8 @@ class LoopedGPT(nn.Module):
         return h + (x - h) / self.config.n_loop if self.config.residual_scale == 'inverse_k' else x
 
     def pass_input(self, h, e, k, n_loop):
-        """What pass k of n_loop runs on, from the carried state h (h_{k-1}, or its inter-loop norm) and the
-        embedding e = h_0 (B, T, C) -> (B, T, C). The designs that change it (all off by default, which returns h):
+        """What pass k of n_loop runs on, from the carried state h (h_{k-1}, or its inter-loop norm) and the embedding
+        e = h_0 (B, T, C) -> (B, T, C). The designs that change it (all off by default, which returns h):
           bptt = b     the carried state is detached before pass n_loop - b + 1: backprop through the last b passes
                        only (each earlier pass still gets its own readout's gradient under per-loop supervision)
           injection    self.inject(h, e): 'add' h + e (so pass 1 runs on 2e), 'concat' W [h; e] (W = [I | 0] at init)"""
@@ -391,11 +370,11 @@ class LoopedGPT(nn.Module):
     def loops(self, h, n_loop, intervene=None):
         """The recurrence, the one place it is written: yields (k, h_k) for k = 1..n_loop, starting from h = h_0 = e.
         h_k is pass k's output before any inter-loop norm: what is read out, penalized and logged. With 'normed'
-        recurrence pass k + 1 starts from RMSNorm(h_k) (so there is no norm before pass 1, and after the last
-        pass it changes nothing); with 'residual' it starts from h_k itself, scale and all. Each pass runs on
-        pass_input (the injection and truncation designs). intervene(k, h_in, h_k) -> h_k, if given, may change
-        each pass's output before it is used (lab/diagnose.py's radial clamps); to drop rows from the batch (the
-        exit benchmark) it returns (h_k, keep) with keep a bool mask of the rows kept, and e follows them."""
+        recurrence pass k + 1 starts from RMSNorm(h_k) (so there is no norm before pass 1, and after the last pass it
+        changes nothing); with 'residual' it starts from h_k itself, scale and all. Each pass runs on pass_input (the
+        injection and truncation designs). intervene(k, h_in, h_k) -> h_k, if given, may change each pass's output
+        before it is used (lab/diagnose.py's radial clamps); to drop rows from the batch (the exit benchmark) it
+        returns (h_k, keep) with keep a bool mask of the rows kept, and e follows them."""
         e = h
         for k in range(1, n_loop + 1):
             h_in = h
@@ -410,10 +389,9 @@ class LoopedGPT(nn.Module):
             if self.inter_norm is not None:
                 h = self.inter_norm(h)
 
-    # The head, from the inside out, one entry point a use: head_input (coda, then readout), readout_logits (then
-    # the LM head), next_logits (the last position only: generation), head_loss (LM head and cross-entropy, the
-    # part compile_regions compiles) and readout_loss (head_input then head_loss: what per-loop supervision
-    # checkpoints, a function of its own because checkpoint() recomputes it in backward).
+    # The head, inside out, one entry point a use: head_input (coda, readout), readout_logits (+ LM head), next_logits
+    # (last position: generation), head_loss (LM head + loss, what lab/runtime.py compiles) and readout_loss (head_input
+    # + head_loss: what per-loop supervision checkpoints, so that backward can recompute it).
 
     def head_input(self, h, k):
         """What the LM head reads of h_k (B, T, C) at loop k: the coda's layers (if any), then the readout."""
@@ -426,15 +404,15 @@ class LoopedGPT(nn.Module):
         return self.lm_head(self.head_input(h, k))
 
     def next_logits(self, h, k):
-        """Loop k's prediction of the token after the last position, (B, T, C) -> (B, V). The coda (if any) runs
-        on the whole sequence, since its attention needs it; without one only the last position is read out."""
+        """Loop k's prediction of the token after the last position, (B, T, C) -> (B, V). The coda (if any) runs on the
+        whole sequence, since its attention needs it; without one only the last position is read out."""
         return self.readout_logits(h if self.coda else h[:, -1:, :], k)[:, -1, :]
 
     def head_loss(self, x, targets):
-        """The LM head and its cross-entropy on x = readout(h_k) (B, T, C) against targets (B, T): (logits
-        (B, T, V), scalar loss). The loss is taken in float32. Eagerly that writes a float32 copy of all B*T*V
-        logits (and the log-softmax and both their gradients); compile_regions() compiles this function so
-        that the upcast, log-softmax and loss fuse into kernels that read the bf16 logits instead."""
+        """The LM head and its cross-entropy on x = readout(h_k) (B, T, C) against targets (B, T): (logits (B, T, V),
+        scalar loss). The loss is taken in float32. Eagerly that writes a float32 copy of all B*T*V logits (and the
+        log-softmax and both their gradients); lab/runtime.py compiles this function so that the upcast, log-softmax
+        and loss fuse into kernels that read the bf16 logits instead."""
         logits = self.lm_head(x)                                      # (B, T, V)
         return logits, F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1)
 
@@ -443,15 +421,15 @@ class LoopedGPT(nn.Module):
         return self.head_loss(self.head_input(h, k), targets)[1]
 
     def supervision_loss(self, ces):
-        """The training loss from the per-loop cross-entropies ces[k-1], k = 1..K (scalars): their mean under
-        per-loop ("dense") supervision, the last one alone under terminal supervision."""
+        """The training loss from the per-loop cross-entropies ces[k-1], k = 1..K (scalars): their mean under per-loop
+        ("dense") supervision, the last one alone under terminal supervision."""
         if self.config.supervision == 'per_loop':
             return torch.stack(ces).mean()
         return ces[-1]
 
     def norm_penalty(self, states):
-        """lambda * mean over loops of mean(h_k^2), on the states h_1..h_K that loops() yields (before any
-        inter-loop norm, as in the paper). Its gradient, 2 * lambda * h_k / (K * h_k.numel()), is purely radial."""
+        """lambda * mean over loops of mean(h_k^2), on the states h_1..h_K that loops() yields (before any inter-loop
+        norm, as in the paper). Its gradient, 2 * lambda * h_k / (K * h_k.numel()), is purely radial."""
         return self.config.norm_penalty * torch.stack([h.float().pow(2).mean() for h in states]).mean()
 
     def forward(self, idx, targets=None, n_loop=None):
@@ -462,8 +440,7 @@ class LoopedGPT(nn.Module):
           stats   {'hidden_norm': (n_loop,) mean over tokens of ||h_k||_2, before any normalization,
                    'ce': (n_loop,) cross-entropy of the readout at every loop, or None without targets}
         """
-        B, T = idx.shape
-        K = n_loop or self.config.n_loop
+        T, K = idx.size(1), n_loop or self.config.n_loop
         if T > self.config.block_size:
             raise ValueError(f"sequence of length {T} is longer than block_size={self.config.block_size}")
         norms, ces, states = [], [], []
@@ -473,8 +450,7 @@ class LoopedGPT(nn.Module):
                 states.append(h)
             if targets is None:
                 continue
-            # Every loop is decoded for the statistics; loops without a loss are decoded under no_grad, so they
-            # keep no activations for the backward pass.
+            # every loop is decoded for the statistics; those without a loss under no_grad, keeping no activations
             supervised = self.config.supervision == 'per_loop' or k == K
             if k == K:  # always supervised; its logits are also returned
                 logits, ce = self.head_loss(self.head_input(h, k), targets)  # logits: (B, T, V)
@@ -495,26 +471,13 @@ class LoopedGPT(nn.Module):
             loss = loss + self.norm_penalty(states)
         return logits, loss, stats
 
-    def compile_regions(self):
-        """Regional torch.compile, the one place that says what is compiled: each block of the shared stack (one
-        graph serves every block and every loop count, since the loop itself stays Python) and head_loss (so
-        float32 logits are never written). Checkpoints keep the plain weights: nothing is renamed."""
-        for block in [*self.blocks, *self.prelude, *self.coda]:
-            block.compile()
-        # an instance attribute of the method's own name: every caller (forward, readout_loss, diagnose) gets the
-        # compiled one with no flag to pass, and del model.head_loss would bring back the plain method
-        self.head_loss = torch.compile(self.head_loss)
-        return self
-
     def flops_per_token(self, n_loop=None):
-        """Training FLOPs per token (forward + backward = 6 per parameter use per token, as in the PaLM paper),
-        counted module by module: the shared stack and the injection adapter once per loop, the prelude once, the
-        coda once per readout that has a loss, the readout's and inter-loop norm's gains once; the LM head's
-        matmul once per such readout (tied or not; the embeddings are lookups), and attention's score and value
-        matmuls (12 * layers * d * T, nanoGPT's convention) once per layer run. A module with parameters that is
-        not in the table below is an error: a new design says how often a token uses it."""
-        c = self.config
-        K = n_loop or c.n_loop
+        """Training FLOPs per token (6 per parameter use, forward and backward, as in the PaLM paper) module by module:
+        the stack and adapter once per loop, the prelude once, the coda once per supervised readout, the norms' gains
+        once, the head's matmul once per supervised readout (tied or not), attention's score and value matmuls (12 *
+        layers * d * T, nanoGPT's convention) once per layer run. A module missing from `uses` is an error: a new
+        design says how often a token uses it."""
+        c, K = self.config, n_loop or self.config.n_loop
         readouts = K if c.supervision == 'per_loop' else 1
         uses = {'blocks': K, 'adapter': K, 'prelude': 1, 'coda': readouts, 'readout': 1, 'inter_norm': 1,
                 'wte': 0, 'wpe': 0, 'lm_head': 0}  # lm_head: its matmul is counted on its own below
@@ -527,27 +490,22 @@ class LoopedGPT(nn.Module):
         return 6 * n_uses + 6 * readouts * c.vocab_size * c.n_embd + 12 * layers * c.n_embd * c.block_size
 
     def configure_optimizers(self, weight_decay, learning_rate, device_type):
-        # 'paper': the authors decay every parameter (embeddings and norm gains too); 'gpt2': nanoGPT decays
-        # only matrices. Betas are PyTorch's defaults, as in the authors' release.
+        # the authors decay every parameter (embeddings, gains); nanoGPT (gpt2) only matrices; betas: PyTorch's defaults
         params = [p for p in self.parameters() if p.requires_grad]
-        if self.config.init != 'gpt2':
-            groups = [{'params': params, 'weight_decay': weight_decay}]
-        else:
-            groups = [{'params': [p for p in params if p.dim() >= 2], 'weight_decay': weight_decay},
-                      {'params': [p for p in params if p.dim() < 2], 'weight_decay': 0.0}]
+        groups = [{'params': params, 'weight_decay': weight_decay}] if self.config.init != 'gpt2' else \
+            [{'params': [p for p in params if p.dim() >= 2], 'weight_decay': weight_decay},
+             {'params': [p for p in params if p.dim() < 2], 'weight_decay': 0.0}]
         return torch.optim.AdamW(groups, lr=learning_rate, fused=(device_type == 'cuda'))
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, n_loop=None, exit_rule=None,
                  exit_threshold=None):
-        """Append max_new_tokens sampled tokens to idx (B, T). Each token runs up to n_loop loops; with an exit
-        rule (see exit_passes) it stops at the first loop whose last-position readout passes the threshold (for
-        the whole batch at once). Returns (idx, loops used per generated token)."""
-        K = n_loop or self.config.n_loop
-        loops_used = []
+        """Append max_new_tokens sampled tokens to idx (B, T). Each token runs up to n_loop loops; with an exit rule
+        (see exit_passes) it stops at the first loop whose last-position readout passes the threshold (for the whole
+        batch at once). Returns (idx, loops used per generated token)."""
+        K, loops_used = n_loop or self.config.n_loop, []
         for _ in range(max_new_tokens):
-            idx_cond = idx[:, -self.config.block_size:]               # crop to the context the model knows
-            h0 = self.embed(idx_cond)
+            h0 = self.embed(idx[:, -self.config.block_size:])         # cropped to the context the model knows
             logp_prev, h_prev = None, h0[:, -1, :]                   # the latent rule compares h_1 with h_0 = e
             for k, h in self.loops(h0, K):
                 logp = F.log_softmax(self.next_logits(h, k).float(), dim=-1)  # (B, V): next token only
@@ -568,11 +526,11 @@ class LoopedGPT(nn.Module):
 
 def exit_passes(rule, threshold, logp, logp_prev, h=None, h_prev=None):
     """Early-exit rule on one loop's log-probabilities (..., V), or for 'latent' on its hidden state (..., C):
-    'confidence' passes when the top probability reaches the threshold; 'kl' when KL(p_k || p_{k-1}) falls to
-    the threshold or below; 'latent' when the state's relative change ||h_k - h_{k-1}|| / ||h_{k-1}|| does
-    (Huginn's and looped_nanochat's training-free rule). Where logp_prev or h_prev is None there is nothing to
-    compare with, and the rule does not pass: 'kl' never passes at loop 1, while 'latent' can, since generate and
-    lab/diagnose.py pass h_0 (the embedding) as the state before loop 1. Returns a bool tensor of shape (...)."""
+    'confidence' passes when the top probability reaches the threshold; 'kl' when KL(p_k || p_{k-1}) falls to the
+    threshold or below; 'latent' when the state's relative change ||h_k - h_{k-1}|| / ||h_{k-1}|| does (Huginn's and
+    looped_nanochat's training-free rule). Where logp_prev or h_prev is None there is nothing to compare with, and the
+    rule does not pass: 'kl' never passes at loop 1, while 'latent' can, since generate and lab/diagnose.py pass h_0
+    (the embedding) as the state before loop 1. Returns a bool tensor of shape (...)."""
     if rule == 'confidence':
         return logp.max(dim=-1).values.exp() >= threshold
     if (logp_prev if rule == 'kl' else h_prev) is None:
@@ -590,14 +548,13 @@ def latent_change(h, h_prev):
 
 def sampled_depth(config, seed, step):
     """The loop count that training step `step` trains at: K, or under depth_sampling='poisson_lognormal'
-    looped_nanochat's draw tau ~ N(ln(K - 1) - sigma^2 / 2, sigma), r = Poisson(e^tau) + 1 with sigma = 0.5,
-    clamped to [1, 2K]. E[e^tau] = K - 1, so r has mean K before the clamp (looped_nanochat centres e^tau on
-    its mean itself, which puts r one loop higher); the clamp at 2K trims the long tail a little. The draw
-    depends on (seed, step) alone: every process draws the same r, and a resumed run the same sequence."""
+    looped_nanochat's draw tau ~ N(ln(K - 1) - sigma^2 / 2, sigma), r = Poisson(e^tau) + 1 with sigma = 0.5, clamped to
+    [1, 2K]. E[e^tau] = K - 1, so r has mean K before the clamp (looped_nanochat centres e^tau on its mean itself,
+    which puts r one loop higher); the clamp at 2K trims the long tail a little. The draw depends on (seed, step)
+    alone: every process draws the same r, and a resumed run the same sequence."""
     K = config.n_loop
     if config.depth_sampling == 'fixed' or K == 1:
         return K
-    rng = np.random.default_rng([seed, step])
-    sigma = 0.5
+    rng, sigma = np.random.default_rng([seed, step]), 0.5
     tau = rng.normal(math.log(K - 1) - sigma ** 2 / 2, sigma)
     return int(min(max(rng.poisson(math.exp(tau)) + 1, 1), 2 * K))

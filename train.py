@@ -36,7 +36,7 @@ from lab.configs import CONFIGS
 from lab.report import one_line_errors
 from data import DATASETS, find_dataset
 from data.common import check_same_data, read_dataset
-from lab.runtime import check_replicas, end_distributed, peak_flops, resolve_device, setup_distributed
+from lab.runtime import check_replicas, compile_regions, end_distributed, peak_flops, resolve_device, setup_distributed
 from looped import LoopedConfig, LoopedGPT, sampled_depth
 
 
@@ -236,7 +236,7 @@ def build(args, config, rt, rank, world, ckpt, data, say):
         say(f"resuming {args.out_dir} at step {state[0]} (model config from the checkpoint)")
     raw_model = model  # checkpoints and evaluation use the plain module, never the compiled or DDP wrapper
     if rt.compile:
-        model.compile_regions()  # the blocks and the head's loss, not the unrolled loop: any loop count reuses them
+        compile_regions(model)  # the blocks and the head's loss, not the unrolled loop: any loop count reuses them
     if world > 1:  # gradients are averaged across processes in backward
         model = DDP(model, device_ids=[torch.device(rt.device)] if rt.device_type == 'cuda' else None)
     return model, raw_model, optimizer, state

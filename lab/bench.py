@@ -39,7 +39,7 @@ from data.common import check_writable, write_atomically
 import train  # lab/bench.py times train.py's training step, so it takes train.py's flags and model config
 from lab.report import fail, markdown
 from lab.runs import condition_name
-from lab.runtime import fmt_mfu, peak_flops, resolve_device, synchronize
+from lab.runtime import compile_regions, fmt_mfu, peak_flops, resolve_device, synchronize
 from looped import LoopedConfig, LoopedGPT
 
 PROG = 'python -m lab.bench'
@@ -137,7 +137,7 @@ def main(argv=None):
     model = LoopedGPT(config).to(device)
     optimizer = model.configure_optimizers(args.weight_decay, args.learning_rate, rt.device_type)
     if rt.compile:
-        model.compile_regions()
+        compile_regions(model)
     B, T = args.batch_size, config.block_size
     x = torch.randint(mine.vocab_size, (B, T), device=device)
     y = torch.randint(mine.vocab_size, (B, T), device=device)
@@ -166,7 +166,7 @@ def build(rt, vocab_size, batch, compile=False, seed=0, **fields):
     model = LoopedGPT(config).to(rt.device)
     optimizer = model.configure_optimizers(0.01, 3e-4, rt.device_type)
     if compile:
-        model.compile_regions()
+        compile_regions(model)
     g = torch.Generator().manual_seed(seed)
     x, y = (torch.randint(vocab_size, (batch, config.block_size), generator=g).to(rt.device) for _ in range(2))
     return model, optimizer, x, y
@@ -216,7 +216,7 @@ def peak_memory(s):
                 time_steps(model, opt, s.rt, x, y, 2, 1)
                 peaks[supervision] = torch.cuda.max_memory_allocated() / 2**20
                 del model, opt
-                gc.collect()  # a compiled model refers to itself (compile_regions), so only gc frees it
+                gc.collect()  # a compiled model refers to itself (lab.runtime.compile_regions), so only gc frees it
                 torch.cuda.empty_cache()
             s.add('peak memory', f"{s.name} V={vocab:,}, {'compiled' if compile else 'eager'}: per_loop / terminal",
                   f"{peaks['per_loop']:,.0f} / {peaks['terminal']:,.0f} MiB = {peaks['per_loop'] / peaks['terminal']:.2f}x",

@@ -18,7 +18,7 @@ class Runtime:
     device: str          # 'cpu', 'cuda', 'cuda:1', 'mps'
     device_type: str     # 'cpu', 'cuda' or 'mps': what torch.autocast and the optimizer want
     dtype: str           # 'float32' or 'bfloat16' (the autocast dtype; weights stay fp32)
-    compile: bool        # regional torch.compile (LoopedGPT.compile_regions)
+    compile: bool        # regional torch.compile (compile_regions)
     autocast: object     # a context manager: bf16 autocast, or nothing
 
     def describe(self):
@@ -70,6 +70,19 @@ def resolve_device(device='auto', dtype='auto', compile='auto'):
     # bf16 autocast: weights and the residual stream stay fp32, matmuls run in bf16
     ctx = torch.autocast(device_type, dtype=torch.bfloat16) if dtype == 'bfloat16' else nullcontext()
     return Runtime(device, device_type, dtype, device_type == 'cuda' if compile == 'auto' else bool(compile), ctx)
+
+
+def compile_regions(model):
+    """Regional torch.compile, the one place that says what is compiled: each block of the shared stack (one graph
+    serves every block and every loop count, since the loop itself stays Python), the prelude and coda, and the
+    head's loss (so that float32 logits are never written). Checkpoints keep the plain weights: nothing is renamed.
+    Returns the model."""
+    for block in [*model.blocks, *model.prelude, *model.coda]:
+        block.compile()
+    # an attribute of the method's own name: every caller (forward, readout_loss, lab/diagnose.py) gets the compiled
+    # one, and `del model.head_loss` brings back the plain method
+    model.head_loss = torch.compile(model.head_loss)
+    return model
 
 
 # ---- several processes (torchrun): the process group, and the check that it did its job

@@ -10,6 +10,7 @@ import torch
 from torch._inductor.utils import run_and_get_code
 
 from lab.runs import load_model
+from lab.runtime import compile_regions
 from looped import LoopedConfig, LoopedGPT
 from test_train import read_log, run_train
 
@@ -36,20 +37,20 @@ def test_bf16_compiled_training_tracks_fp32_eager_and_resumes(small_data, tmp_pa
     model, _ = load_model(str(tmp_path / 'bf16'))
     start = torch.zeros(1, 3, dtype=torch.long)
     eager, _ = model.generate(start, 6, top_k=1, n_loop=4)
-    model.compile_regions()
+    compile_regions(model)
     compiled, loops = model.generate(start, 6, top_k=1, n_loop=4)
     assert torch.equal(eager, compiled) and loops == [4] * 6
 
 
 def test_compiled_head_loss_never_writes_float32_logits():
-    """compile_regions() fuses the head's float32 cross-entropy: under bf16 autocast every (tokens x V) buffer that
+    """lab.runtime.compile_regions fuses the head's float32 cross-entropy: under bf16 autocast every (tokens x V) buffer that
     the compiled forward and backward allocate is bf16, where eager writes float32 copies; loss and gradients match
     the eager model's. (Read from the code Inductor generates, so a torch that stops fusing fails here.)"""
     V, N = 1009, 2 * 16  # V prime and N tokens != n_embd, so only a logits-sized buffer has N * V elements
     cfg = LoopedConfig(vocab_size=V, block_size=16, n_embd=24, n_head=2, n_layer=1, n_loop=2, dropout=0.0)
     torch.manual_seed(0)
     eager = LoopedGPT(cfg)
-    compiled = copy.deepcopy(eager).compile_regions()
+    compiled = compile_regions(copy.deepcopy(eager))
     x = torch.randint(V, (2, 16))
 
     def step(model):
