@@ -10,7 +10,7 @@ Generate text from a trained looped model, at its trained loop count or any othe
     python sample.py --exit=latent --exit_threshold=0.2    # exit when the hidden state stops changing
 
 Not here: the exit rules themselves (looped.py: exit_passes) and their calibration and measured speed
-(lab/diagnose.py). It needs only looped.py beside it.
+(lab/diagnose.py). It needs looped.py, lab/ and data/common.py beside it (no dataset).
 """
 
 import argparse

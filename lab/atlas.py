@@ -9,8 +9,9 @@ looped_nanochat's loop) under a scale-invariant (rmsnorm) and a scale-visible (r
         --out_root=out/atlas_gpt2 --fig_dir=figures/atlas_gpt2     # past the transient, under nanoGPT's init
     python -m lab.atlas 'out/grid/laptop/*'              # only read runs that exist (no training), e.g. while it trains
 
-The runs are the grid's (grid.run_grid with grid.atlas_grid(--init), folders under --out_root/<config>): finished
-ones are reused, interrupted ones resumed, Ctrl-C saves the running one and the same command continues.
+The runs are the grid's (grid.run_grid with grid.atlas_grid(--init), folders under --out_root/<config>; under
+another --init the default out_root is out/atlas_<init>): finished ones are reused, interrupted ones resumed,
+Ctrl-C saves the running one and the same command continues.
 
 A design and readout carries verdicts only if it learns: its validation loss at every depth 1..K is at least
 LEARNS nats below the unigram loss (the validation split under the training split's character frequencies,
@@ -261,6 +262,8 @@ def main(argv=None):
     p = get_parser()
     args = p.parse_args(argv)
     at_least(p, '--seeds', args.seeds, 1)
+    if args.init != 'paper' and args.out_root == os.path.join('out', 'grid'):  # never reuse the paper init's folders
+        args.out_root = os.path.join('out', f'atlas_{args.init}')
     extra = split_flags(p, args.train_args)
     check_destination(p, os.path.join(args.fig_dir, 'atlas.md'), '--fig_dir')  # before the runs, not after them
     grid, names = atlas_grid(args.init)

@@ -103,7 +103,7 @@ def parse(argv=None):
     own = own_parser()
     mine, rest = own.parse_known_args(argv)
     if '-h' in rest or '--help' in rest:
-        print(__doc__.strip() + '\n\nbench.py flags:')
+        print(__doc__.strip() + f'\n\n{PROG} flags:')
         for action in own._actions:
             print(f"  {'/'.join(action.option_strings):<14} {action.help} (default: {action.default})")
         print('\nthe rest are train.py flags (python train.py --help)')

@@ -2,9 +2,9 @@
 The norm's course over long training: ||h_K|| against step on log-log axes, the transient told apart from the
 growth, and a power law fitted to what comes after the transient, extrapolated to the paper's token count.
 
-    python -m lab.norm_course --run                                 # train the seven long runs (hours), then fit
+    python -m lab.norm_course --run                                 # train the long runs (hours), then fit
     python -m lab.norm_course --run --fig_dir=figures/laptop_10k    # the committed table and figure
-    python -m lab.norm_course 'out/course/*' --after=2000           # fit runs you have, from a later step on
+    python -m lab.norm_course 'out/course/laptop_10k/*-seed*[0-9]' --after=2000   # fit runs you have, from a later step
 
 --run trains COURSE (laptop_10k: rmsnorm and raw at the demo's 3e-3 and the paper's 3e-4; two ablations of the
 first steps at 3e-3, a 500-step warmup under rmsnorm and nanoGPT's small initialization, --init=gpt2, under both

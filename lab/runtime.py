@@ -123,7 +123,7 @@ def check_replicas(raw_model, world, say):
         theirs = p.detach().clone()
         dist.broadcast(theirs, src=0)
         differ += int(not torch.equal(theirs, p.detach()))
-    differ = torch.tensor([differ])
+    differ = torch.tensor([differ], device=next(raw_model.parameters()).device)  # NCCL reduces GPU tensors only
     dist.all_reduce(differ)
     say(f"weights identical on all {world} processes: {differ.item() == 0} "
         f"({len(list(raw_model.parameters()))} tensors compared with rank 0's)")

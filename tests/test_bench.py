@@ -15,7 +15,7 @@ SMALL = ['--vocab_size=50257', '--n_embd=64', '--n_layer=1', '--n_head=2', '--ba
 
 def peak_mib(supervision):
     # one process per configuration: the CPU measure is the process's peak resident memory
-    r = subprocess.run([sys.executable, 'lab/bench.py', *SMALL, f'--supervision={supervision}'], cwd=ROOT,
+    r = subprocess.run([sys.executable, '-m', 'lab.bench', *SMALL, f'--supervision={supervision}'], cwd=ROOT,
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     line = r.stdout.strip().splitlines()[-1]
@@ -30,8 +30,10 @@ def test_per_loop_peak_memory_within_25_percent_of_terminal():
 
 
 def test_suite_on_a_cpu_prints_the_table_and_writes_json(tmp_path):
-    # as the docs type it, from a folder with no out/ yet: the default --json is out/bench_suite.json
-    r = subprocess.run([sys.executable, os.path.join(ROOT, 'lab/bench.py'), '--suite'], cwd=tmp_path,
+    # as the docs type it (python -m lab.bench --suite), from a folder with no out/ yet: the default --json is
+    # out/bench_suite.json, under the folder it runs from; the repository is found on PYTHONPATH
+    env = {**os.environ, 'PYTHONPATH': ROOT + os.pathsep + os.environ.get('PYTHONPATH', '')}
+    r = subprocess.run([sys.executable, '-m', 'lab.bench', '--suite'], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert '| measure | configuration | result | goal |' in r.stdout and 'not measured here:' in r.stdout

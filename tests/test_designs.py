@@ -75,7 +75,11 @@ def test_a_default_run_is_named_by_every_variant_not_at_its_default():
 def test_the_paper_grid_is_its_ten_conditions_whatever_is_declared():
     assert len(grid.GRIDS['paper']) == 10 and grid.GRIDS['paper'] == grid.CONDITIONS
     assert grid.grid_of('laptop') is grid.GRIDS['paper'] and grid.grid_of('laptop_long') is grid.GRIDS['claim4']
-    assert set(grid.PREDICTIONS) == set(grid.DESIGNS) and len(grid.ATLAS) == 2 * len(grid.DESIGNS)
+    assert len(grid.ATLAS) == 2 * len(grid.DESIGNS) and set(grid.ATLAS_DESIGN.values()) == \
+        {(d, r) for d in grid.DESIGNS for r in grid.ATLAS_READOUTS}
+    for design, entry in grid.DESIGNS.items():  # one entry a design: its flags and its prediction together
+        assert isinstance(entry, grid.Design) and isinstance(entry.carried, bool) and entry.why, design
+        assert entry.rmsnorm in ('large', 'small') and entry.raw in ('large', 'small'), design
     for grid_name, conditions in grid.GRIDS.items():
         for name, flags in conditions.items():
             assert grid.flags_name(flags) == name, (grid_name, name)

@@ -202,14 +202,15 @@ def test_sample_prints_text_at_other_loop_counts(finished_run, capsys):
 def test_show_depth_marks_every_generated_token(finished_run, capsys, monkeypatch):
     """Without a terminal: a line of loop digits under each line of text, one digit per generated character,
     and the digits are the loops generate() reports; in a terminal: one colour per loop, with a legend."""
+    from looped import LoopedGPT  # the class lab.runs.load_model builds, which sample.py no longer imports
     _, out = finished_run
-    reported, generate = [], sample.LoopedGPT.generate
+    reported, generate = [], LoopedGPT.generate
 
     def spy(self, *a, **k):
         idx, used = generate(self, *a, **k)
         reported.append((idx[0, -len(used):].tolist(), used))
         return idx, used
-    monkeypatch.setattr(sample.LoopedGPT, 'generate', spy)
+    monkeypatch.setattr(LoopedGPT, 'generate', spy)
     argv = ['--out_dir', str(out), '--max_new_tokens=40', '--start=ROMEO:', '--num_samples=1', '--n_loop=3',
             '--exit=kl', '--exit_threshold=1e-3', '--show_depth']
     sample.main(argv)
@@ -298,24 +299,24 @@ def test_every_readme_command_parses():
     for script, rest in readme_commands():
         argv = shlex.split(re.split(r'\s#', rest)[0].split(' && ')[0].split('; ')[0])
         argv = [a for a in argv if '$' not in a]  # shell variables (a loop's $seed) cannot be checked here
-        if script.startswith('-m '):
-            if script == '-m pytest':
-                continue
-            importlib.import_module(script[3:]).get_parser().parse_args(argv)  # a data/<name>/prepare.py
+        if script == '-m pytest':
+            continue
+        elif script == '-m lab.bench':  # its own flags, then train.py's
+            bench.parse(argv)
+        elif script.startswith('-m '):  # a lab tool (python -m lab.atlas) or a data/<name>/prepare.py
+            importlib.import_module(script[3:]).get_parser().parse_args(argv)
         elif script == 'train':
             train.parse_args(argv)
-        elif script == 'bench':
-            bench.parse(argv)
         elif '/' in script:  # a script in a folder (assignments/..., tests/faults, tests/mutations): load it by path
             spec = importlib.util.spec_from_file_location(script.replace('/', '_'), os.path.join(ROOT, script + '.py'))
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
             module.get_parser().parse_args(argv)
         else:
-            {'sample': sample, 'plot_norms': plot_norms, 'diagnose': diagnose, 'atlas': atlas, 'norm_course': norm_course,
-             'matched_depth': matched_depth}[script].get_parser().parse_args(argv)
+            assert script in ('sample', 'plot_norms'), f"python {script}.py: the lab's tools run as python -m lab.<tool>"
+            {'sample': sample, 'plot_norms': plot_norms}[script].get_parser().parse_args(argv)
         seen.add(script)
-    assert {'train', 'sample', 'plot_norms', 'diagnose', 'bench', '-m data.shakespeare_char.prepare'} <= seen, seen
+    assert {'train', 'sample', 'plot_norms', '-m lab.diagnose', '-m lab.bench', '-m data.shakespeare_char.prepare'} <= seen, seen
 
 
 def test_readme_flags_exist_and_the_concept_table_matches_the_defaults():
@@ -340,12 +341,17 @@ def test_readme_flags_exist_and_the_concept_table_matches_the_defaults():
         assert str(parser.get_default(flag[2:])) == default, (flag, default, parser.get_default(flag[2:]))
 
 
-def test_sample_needs_only_the_model_file(finished_run, tmp_path):
-    """sample.py runs from a folder that holds nothing of this repository but sample.py and looped.py."""
+def test_sample_needs_only_the_model_and_the_lab(finished_run, tmp_path):
+    """sample.py runs from a folder that holds nothing of this repository but sample.py, looped.py, the lab package
+    (lab/runs.py loads the checkpoint) and data/common.py (the atomic writes lab/ imports): no dataset, no train.py."""
     import shutil
     _, out = finished_run
     for name in ('sample.py', 'looped.py'):
         shutil.copy(os.path.join(ROOT, name), tmp_path / name)
+    shutil.copytree(os.path.join(ROOT, 'lab'), tmp_path / 'lab', ignore=shutil.ignore_patterns('__pycache__'))
+    (tmp_path / 'data').mkdir()
+    for name in ('__init__.py', 'common.py'):
+        shutil.copy(os.path.join(ROOT, 'data', name), tmp_path / 'data' / name)
     r = subprocess.run([sys.executable, 'sample.py', '--out_dir', str(out), '--max_new_tokens=10', '--num_samples=1'],
                        cwd=tmp_path, capture_output=True, text=True, env={**os.environ, 'PYTHONPATH': ''})
     assert r.returncode == 0 and 'mean loops per token' in r.stdout, r.stderr

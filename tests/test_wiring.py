@@ -10,11 +10,10 @@ import torch
 import torch.nn.functional as F
 
 import train
+from lab.stats import paired_stats
 from looped import LoopedConfig, LoopedGPT, Readout
 
 READOUTS = LoopedConfig.choices('readout')
-from lab.stats import paired_stats
-
 TINY = ['--n_layer=1', '--n_embd=32', '--n_head=2', '--n_loop=2', '--block_size=16', '--eval_iters=2',
         '--log_interval=1', '--device=cpu', '--compile=False']
 
