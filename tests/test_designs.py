@@ -370,10 +370,9 @@ def test_the_latent_rule_in_generate_watches_the_last_positions_state():
 
 # What the code before the designs (commit 407eef2) computed for tiny() with seed 0 on tokens(): the loss, three
 # logits at the last position and ||h_k||. The defaults must still give exactly these (same draws, same math).
+# (init='gpt2' left this list when each of its weights got a generator of its own: tests/test_registry.py)
 BEFORE = [({}, 10.599486351013184, [2.688375949859619, 13.639297485351562, 2.5225934982299805],
            [5.583408355712891, 5.833728790283203, 6.2412919998168945]),
-          ({'init': 'gpt2'}, 2.374295949935913, [-0.07910093665122986, 0.03440166637301445, 0.10734336823225021],
-           [0.10810156166553497, 0.10843951255083084, 0.10915490984916687]),
           ({'recurrence': 'normed', 'readout': 'raw', 'supervision': 'terminal'}, 10.719040870666504,
            [3.4080591201782227, 15.060771942138672, 3.0049312114715576],
            [5.583408355712891, 4.274403095245361, 4.487105846405029])]
