@@ -323,12 +323,17 @@ def test_readme_flags_exist_and_the_concept_table_matches_the_defaults():
     """Every --flag the README names belongs to one of the scripts, and the defaults its flags table states are
     train.py's."""
     import importlib
+    import importlib.util
     sys.path.insert(0, os.path.join(ROOT, 'assignments'))
     parsers = [train.get_parser(), sample.get_parser(), diagnose.get_parser(), plot_norms.get_parser(),
                bench.own_parser(), faults.get_parser(), matched_depth.get_parser(), atlas.get_parser(),
                norm_course.get_parser()]
     parsers += [importlib.import_module(m).get_parser() for m in ('data.shakespeare_char.prepare', 'data.shakespeare.prepare',
                 'data.wikitext103.prepare', 'make_student', 'check_answers', 'mutations')]
+    spec = importlib.util.spec_from_file_location('key_mutations', os.path.join(ROOT, 'assignments', 'key', 'mutations.py'))
+    key = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(key)  # the kit's mutation list, whose --stubs the docs name
+    parsers.append(key.get_parser())
     known = {opt for parser in parsers for action in parser._actions for opt in action.option_strings}
     known |= {'--standalone', '--nproc_per_node'}                         # torchrun's (not this repository's)
     named = set(re.findall(r'(?<![\w-])(--[a-z][a-z0-9_]*)', readme()))
