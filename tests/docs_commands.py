@@ -71,14 +71,14 @@ def shrink(cmd):
         cmd = append(r'plot_norms\.py', flags, cmd)
     elif 'plot_norms.py' in cmd and '--exit_windows=0' not in cmd:
         cmd = append(r'plot_norms\.py', '--exit_windows=4', cmd)
-    if re.search(r'lab\.atlas(?! \')', cmd):  # the atlas trains all twenty conditions: one seed of 4 steps each
-        cmd = append(r'lab\.atlas', f"--seeds=1 --train_args='{TINY_TRAIN}'", cmd)
-    if 'lab.norm_course' in cmd and '--run' in cmd:  # the seven 10,000-step runs: 4 steps each, fitted from step 1
-        cmd = append(r'lab\.norm_course', f"--after=1 --train_args='{TINY_TRAIN}'", cmd)
+    if re.search(r'-m lab\.atlas(?! \')', cmd):  # the atlas trains all twenty conditions: one seed of 4 steps each
+        cmd = append(r'-m lab\.atlas', f"--seeds=1 --train_args='{TINY_TRAIN}'", cmd)
+    if '-m lab.norm_course' in cmd and '--run' in cmd:  # the seven 10,000-step runs: 4 steps each, fitted from step 1
+        cmd = append(r'-m lab\.norm_course', f"--after=1 --train_args='{TINY_TRAIN}'", cmd)
     cmd = append(r'(?<!\w)train\.py', TINY_TRAIN + (' --batch_size=2 --block_size=64' if 'gpu_char' in cmd else ''), cmd)
-    cmd = append(r'lab\.diagnose', '--max_windows=4 --diag_windows=2 --lemma_loops=3', cmd)
+    cmd = append(r'-m lab\.diagnose', '--max_windows=4 --diag_windows=2 --lemma_loops=3', cmd)
     cmd = append(r'sample\.py', '--num_samples=1 --max_new_tokens=20', cmd)
-    cmd = append(r'lab\.bench(?! --suite)', '--steps=2 --warmup=1', cmd)
+    cmd = append(r'-m lab\.bench(?! --suite)', '--steps=2 --warmup=1', cmd)
     cmd = append(r'tests/faults\.py', '--kills=1 --interrupts=1', cmd)
     cmd = append(r'tests/mutations\.py(?! --only)', '--only=kl', cmd)
     return cmd, '; '.join(notes)
