@@ -46,10 +46,27 @@ def test_the_model_file_imports_no_lab_module():
     assert not {m for m in imported if m and (m == 'lab' or m.startswith('lab.') or m == 'train')}, imported
 
 
+@pytest.fixture(scope='module')
+def as_modules():
+    """{argv: (returncode, stdout, stderr)} of each lab tool run as `python -m lab.<tool>`: --help for every one,
+    and a bad flag value for the atlas. All are started at once: each spends its time importing torch, and on two
+    cores they take half as long together as one after another."""
+    commands = [('-m', f'lab.{tool}', '--help') for tool in LAB_TOOLS] + [('-m', 'lab.atlas', '--seeds=0')]
+    children = {argv: subprocess.Popen([sys.executable, *argv], cwd=ROOT, stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True) for argv in commands}
+    done = {argv: child.communicate(timeout=120) for argv, child in children.items()}
+    return {argv: (children[argv].returncode, out, err) for argv, (out, err) in done.items()}
+
+
 @pytest.mark.parametrize('tool', LAB_TOOLS)
-def test_every_lab_tool_runs_as_a_module_with_help(tool):
-    r = subprocess.run([sys.executable, '-m', f'lab.{tool}', '--help'], cwd=ROOT, capture_output=True, text=True)
-    assert r.returncode == 0 and f'lab.{tool}' in r.stdout and not r.stderr, r.stderr
+def test_every_lab_tool_runs_as_a_module_with_help(as_modules, tool):
+    code, out, err = as_modules['-m', f'lab.{tool}', '--help']
+    assert code == 0 and f'lab.{tool}' in out and not err, err
+
+
+def test_a_lab_tool_run_as_a_module_names_itself_in_its_error(as_modules):
+    code, _, err = as_modules['-m', 'lab.atlas', '--seeds=0']
+    assert code == 1 and err == 'python -m lab.atlas: error: --seeds=0 must be at least 1\n', err
 
 
 def test_every_function_fits_on_one_screen():
