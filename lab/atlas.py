@@ -161,13 +161,16 @@ def tables(results, unigram, after):
             + f"\n\nTable 2. Validation loss (nats) at exit depths 1..K and 2K, mean over seeds. The unigram loss of "
             f"the validation split (the training split's token frequencies) is {unigram:.3f} nats; a row learns if "
             f"every depth 1..K is at or below {unigram - LEARNS:.3f} (the unigram minus {LEARNS:g}).\n\n"
-            + markdown(head2, rows2) + '\n\n' + table3(results, after) + '\n')
+            + markdown(head2, rows2) + '\n\n' + table3(results, unigram, after) + '\n')
     return text, csv_rows
 
 
-def table3(results, after):
-    """Table 3: the sharper verdicts (see sharper), one row per design."""
-    def power(g):
+def table3(results, unigram, after):
+    """Table 3: the sharper verdicts (see sharper), one row per design; a readout that did not learn (see learns)
+    gets none, and neither do the ratio and the loss cost, which compare it with the other readout."""
+    def power(g, taught):
+        if not taught:
+            return 'did not learn'
         if not g:
             return 'fewer than 3 evaluations'
         kind = '95% t' if g['seeds'] == 1 else f"seeds' range, {g['seeds']} seeds"
@@ -183,13 +186,16 @@ def table3(results, after):
             'loss cost at K: rmsnorm − raw', 'at 2K']
     rows = []
     for design, got in results.items():
-        m = sharper(got)
-        rows.append([design, fmt(m['ratio'], 1) if 'ratio' in m else '', power(m.get('rmsnorm')),
-                     power(m.get('raw')), cost(m.get('cost'), 0), cost(m.get('cost'), 1)])
+        m, taught = sharper(got), {r: r not in got or learns(got[r], unigram) for r in READOUTS}
+        both = '' if all(taught.values()) else f"did not learn ({', '.join(r for r in READOUTS if not taught[r])})"
+        ratio = fmt(m['ratio'], 1) if 'ratio' in m else ''
+        powers = [power(m.get(r), taught[r]) for r in READOUTS]
+        rows.append([design, both or ratio, *powers, both or cost(m.get('cost'), 0), both or cost(m.get('cost'), 1)])
     return (f"Table 3. Sharper verdicts. The ratio of ‖h_K‖ under rmsnorm to raw, seed by seed (mean ± std); the "
             f"power b of ‖h_K‖ against the training step, fitted to the evaluations from step {after} on (still "
             f"growing: the interval above 0 for every seed); the blind spot's cost in validation loss, rmsnorm minus "
-            f"raw at depth K and 2K, paired by seed (mean [95% t interval]; negative: rmsnorm is better).\n\n"
+            f"raw at depth K and 2K, paired by seed (mean [95% t interval]; negative: rmsnorm is better). A readout "
+            f"that did not learn (Table 2) carries none of these.\n\n"
             + markdown(head, rows))
 
 

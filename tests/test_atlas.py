@@ -62,6 +62,11 @@ def test_a_readout_that_did_not_learn_carries_no_verdict():
                                            unigram)] == [True, True, True]
     text, _ = atlas.tables({'residual': {'rmsnorm': stuck}}, unigram, 250)
     assert '| residual | rmsnorm | 1 | 200 | 2.600 3.060 | 2.000 | **no** |' in text and '3.350 nats' in text
+    # Table 3: no power, ratio or loss cost for a readout that did not learn; the other readout keeps its power
+    text, _ = atlas.tables({'residual': {'rmsnorm': stuck, 'raw': learned}}, unigram, 250)
+    row = next(line for line in text.split('Table 3.')[1].splitlines() if line.startswith('| residual |'))
+    assert row == ('| residual | did not learn (rmsnorm) | did not learn | fewer than 3 evaluations | '
+                   'did not learn (rmsnorm) | did not learn (rmsnorm) |'), row
 
 
 def test_the_sharper_verdicts_by_hand():
@@ -70,12 +75,12 @@ def test_the_sharper_verdicts_by_hand():
     seeds = lambda *v: {seed: {'norm': n, 'loss_K': lk, 'loss_2K': l2, 'fit': fit(b)} for seed, (n, lk, l2, b) in
                         enumerate(v, start=1)}
     got = {'rmsnorm': {**summary(0, 0), 'per_seed': seeds((400, 2.0, 2.4, 0.5), (600, 2.2, 2.3, 0.3))},
-           'raw': {**summary(0, 0), 'per_seed': seeds((40, 2.1, 2.6, 0.0), (20, 2.1, 2.2, 0.2))}}
+           'raw': {**summary(0, 0), 'per_seed': seeds((40, 2.1, 2.6, 0.0), (20, 2.0, 2.2, 0.2))}}
     m = atlas.sharper(got)
     assert m['ratio'] == pytest.approx((20.0, 10.0))  # 400/40 and 600/20
     assert m['rmsnorm']['b'] == pytest.approx(0.4) and m['rmsnorm']['spread'] == pytest.approx((0.3, 0.5))
     assert m['rmsnorm']['growing'] and not m['raw']['growing']  # raw's first seed has a power of 0
-    d = np.array([[-0.1, -0.2], [0.1, 0.1]])  # rmsnorm minus raw at K and 2K, seed by seed
+    d = np.array([[-0.1, -0.2], [0.2, 0.1]])  # rmsnorm minus raw at K and 2K, seed by seed (not symmetric in sign)
     assert m['cost']['mean'] == pytest.approx(d.mean(0))
     half = 12.706 * d.std(0, ddof=1) / math.sqrt(2)  # t(0.975, 1 df)
     assert m['cost']['hi'] - m['cost']['mean'] == pytest.approx(half, rel=1e-3)

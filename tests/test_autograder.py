@@ -6,6 +6,7 @@ submission (zero, with a reason, and still a results.json)."""
 import importlib.util
 import json
 import os
+import pathlib
 import re
 import stat
 import subprocess
@@ -55,18 +56,42 @@ def unpack(zip_path, root):
     return source
 
 
-def run_autograder(zip_path, root, files):
-    """Grade {submission path: text} with the archive's run_autograder; returns results.json."""
+def start_autograder(zip_path, root, files):
+    """Start grading {submission path: text} with the archive's run_autograder; finish_autograder waits for it."""
     source = unpack(zip_path, root)
     for rel, text in files.items():
         path = root / 'submission' / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     env = dict(os.environ, AUTOGRADER_ROOT=str(root), AUTOGRADER_PYTHON=sys.executable)
-    r = subprocess.run([str(source / 'run_autograder')], env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return subprocess.Popen([str(source / 'run_autograder')], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def finish_autograder(child, root):
+    """results.json of a started grading, once its run_autograder has exited 0."""
+    out, err = child.communicate(timeout=300)
+    assert child.returncode == 0, out[-3000:] + err[-3000:]
     with open(root / 'results' / 'results.json') as f:
         return json.load(f)
+
+
+@pytest.fixture(scope='module')
+def graded(archive, tmp_path_factory):
+    """results.json of the three submissions the tests below grade: the reference, a fresh student copy (one
+    folder down, as in an upload of a zipped folder) and a looped.py that does not parse. The three graders run
+    at once: each spends most of its time importing torch and running single-threaded tests, and on two cores
+    they take about half as long together as one after another."""
+    zip_path, manifest = archive
+    student = tmp_path_factory.mktemp('student')
+    make_student.make_student(str(student))
+    submissions = {
+        'reference': {rel: pathlib.Path(ROOT, rel).read_text(encoding='utf-8') for rel in manifest['submission_files']},
+        'fresh': {f'my-copy/{rel}': (student / rel).read_text() for rel in manifest['submission_files']},
+        'broken': {'looped.py': 'def oops(:\n'}}
+    roots = {name: tmp_path_factory.mktemp(name) for name in submissions}
+    children = {name: start_autograder(zip_path, roots[name], files) for name, files in submissions.items()}
+    return {name: finish_autograder(child, roots[name]) for name, child in children.items()}
 
 
 def test_archive_has_gradescopes_files_and_no_reference_solution(archive):
@@ -103,13 +128,9 @@ def test_points_add_up_to_the_handouts_table(archive):
     assert build.split_cents(10, 7) == [143, 143, 143, 143, 143, 143, 142]
 
 
-def test_the_reference_scores_full_marks(archive, tmp_path):
-    zip_path, manifest = archive
-    files = {}
-    for rel in manifest['submission_files']:
-        with open(os.path.join(ROOT, rel), encoding='utf-8') as f:
-            files[rel] = f.read()
-    results = run_autograder(zip_path, tmp_path, files)
+def test_the_reference_scores_full_marks(archive, graded):
+    _, manifest = archive
+    results = graded['reference']
     failed = [(t['name'], t['output'][:300]) for t in results['tests'] if t['status'] != 'passed']
     assert not failed, failed
     n = sum(len(a['tests']) for a in manifest['assignments'])
@@ -118,25 +139,22 @@ def test_the_reference_scores_full_marks(archive, tmp_path):
     assert sum(t['score'] for t in results['tests']) == pytest.approx(results['score'], abs=1e-9)
 
 
-def test_a_fresh_student_copy_scores_zero(archive, tmp_path):
+def test_a_fresh_student_copy_scores_zero(archive, graded):
     """Each test fails on its assignment's NotImplementedError (no test passes vacuously); the files are found
     one folder down, as in an upload of a zipped folder."""
-    zip_path, manifest = archive
-    student = tmp_path / 'student'
-    make_student.make_student(str(student))
-    files = {f'my-copy/{rel}': (student / rel).read_text() for rel in manifest['submission_files']}
-    results = run_autograder(zip_path, tmp_path / 'ag', files)
+    _, manifest = archive
+    results = graded['fresh']
     assert results['score'] == 0 and all(t['score'] == 0 for t in results['tests'])
     other = [t['name'] for t in results['tests'] if 'NotImplementedError' not in t['output']]
     assert not other, f"failed for another reason than the stub: {other}"
     assert sum(t['max_score'] for t in results['tests']) == pytest.approx(manifest['autograded_total'], abs=1e-9)
 
 
-def test_a_broken_submission_scores_zero_with_a_reason(archive, tmp_path):
+def test_a_broken_submission_scores_zero_with_a_reason(archive, graded):
     """looped.py that does not parse and no lab/diagnose.py: every grader fails to import, and results.json says
     why for every test instead of the run crashing without one."""
-    zip_path, manifest = archive
-    results = run_autograder(zip_path, tmp_path, {'looped.py': 'def oops(:\n'})
+    _, manifest = archive
+    results = graded['broken']
     assert results['score'] == 0 and len(results['tests']) == sum(len(a['tests']) for a in manifest['assignments'])
     assert all('could not be imported' in t['output'] for t in results['tests'])
     assert 'lab/diagnose.py is not in the submission' in results['output']
