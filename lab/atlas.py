@@ -218,7 +218,8 @@ def plot(groups, names, path, title):
             K = runs[0]['K']
             norms = np.array([[r['hidden_norm'][K - 1] for r in run['records'][:n]] for run in runs])
             color, ls = styles[readout]
-            ax.plot(steps, norms.mean(0), color=color, ls=ls, marker='o', ms=2.5, label=f"{readout} ({len(runs)} seeds)")
+            ax.plot(steps, norms.mean(0), color=color, ls=ls, marker='o', ms=2.5,
+                    label=f"{readout} ({len(runs)} seed{'s' * (len(runs) != 1)})")
             ax.fill_between(steps, norms.min(0), norms.max(0), color=color, alpha=0.15)
         ax.set(title=design, yscale='log')
         ax.grid(True, which='both', alpha=0.3)
