@@ -201,9 +201,9 @@ def table3(results, unigram, after):
 
 def plot(groups, names, path, title):
     """fig8_atlas.png and .svg: ||h_K|| against training step (log norm axis, from step 0: the initialization), one
-    panel per design, both readouts (mean over seeds, a band from the lowest to the highest seed)."""
+    panel per design that has runs, both readouts (mean over seeds, a band from the lowest to the highest seed)."""
     plt = pyplot()
-    designs = list(dict.fromkeys(d for d, _ in names.values()))
+    designs = list(dict.fromkeys(d for name, (d, _) in names.items() if name in groups))
     cols = 4
     rows = -(-len(designs) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(3.3 * cols, 2.8 * rows), sharex=True, sharey=True, squeeze=False)
