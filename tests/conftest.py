@@ -1,12 +1,23 @@
-"""Shared fixtures: small prepared datasets in temporary folders (the repository's data/ is never touched)."""
+"""Shared fixtures: small prepared datasets in temporary folders (the repository's data/ is never touched); child
+processes run side by side."""
 
 import os
+import subprocess
 
 import pytest
 
 from data.shakespeare_char import prepare as char_prepare
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_together(*children, timeout=300):
+    """[(returncode, stdout, stderr)] of child processes, each given as subprocess.Popen's keyword arguments, all
+    started before any is waited for: tests whose children spend their time importing torch and running
+    single-threaded code take about half as long on two cores this way as one after another."""
+    started = [subprocess.Popen(**kw, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for kw in children]
+    outs = [child.communicate(timeout=timeout) for child in started]
+    return [(child.returncode, out, err) for child, (out, err) in zip(started, outs)]
 
 
 @pytest.fixture(scope='session')

@@ -9,13 +9,12 @@ import os
 import pathlib
 import re
 import stat
-import subprocess
 import sys
 import zipfile
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, run_together
 
 spec = importlib.util.spec_from_file_location('autograder_build',
                                               os.path.join(ROOT, 'assignments', 'autograder', 'build.py'))
@@ -56,32 +55,22 @@ def unpack(zip_path, root):
     return source
 
 
-def start_autograder(zip_path, root, files):
-    """Start grading {submission path: text} with the archive's run_autograder; finish_autograder waits for it."""
+def autograder(zip_path, root, files):
+    """Popen's arguments that grade {submission path: text} with the archive's run_autograder in root."""
     source = unpack(zip_path, root)
     for rel, text in files.items():
         path = root / 'submission' / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-    env = dict(os.environ, AUTOGRADER_ROOT=str(root), AUTOGRADER_PYTHON=sys.executable)
-    return subprocess.Popen([str(source / 'run_autograder')], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-
-
-def finish_autograder(child, root):
-    """results.json of a started grading, once its run_autograder has exited 0."""
-    out, err = child.communicate(timeout=300)
-    assert child.returncode == 0, out[-3000:] + err[-3000:]
-    with open(root / 'results' / 'results.json') as f:
-        return json.load(f)
+    return dict(args=[str(source / 'run_autograder')],
+                env=dict(os.environ, AUTOGRADER_ROOT=str(root), AUTOGRADER_PYTHON=sys.executable))
 
 
 @pytest.fixture(scope='module')
 def graded(archive, tmp_path_factory):
     """results.json of the three submissions the tests below grade: the reference, a fresh student copy (one
     folder down, as in an upload of a zipped folder) and a looped.py that does not parse. The three graders run
-    at once: each spends most of its time importing torch and running single-threaded tests, and on two cores
-    they take about half as long together as one after another."""
+    at once (run_together)."""
     zip_path, manifest = archive
     student = tmp_path_factory.mktemp('student')
     make_student.make_student(str(student))
@@ -90,8 +79,13 @@ def graded(archive, tmp_path_factory):
         'fresh': {f'my-copy/{rel}': (student / rel).read_text() for rel in manifest['submission_files']},
         'broken': {'looped.py': 'def oops(:\n'}}
     roots = {name: tmp_path_factory.mktemp(name) for name in submissions}
-    children = {name: start_autograder(zip_path, roots[name], files) for name, files in submissions.items()}
-    return {name: finish_autograder(child, roots[name]) for name, child in children.items()}
+    done = run_together(*[autograder(zip_path, roots[name], files) for name, files in submissions.items()])
+    results = {}
+    for name, (code, out, err) in zip(submissions, done):
+        assert code == 0, out[-3000:] + err[-3000:]
+        with open(roots[name] / 'results' / 'results.json') as f:
+            results[name] = json.load(f)
+    return results
 
 
 def test_archive_has_gradescopes_files_and_no_reference_solution(archive):

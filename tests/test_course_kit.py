@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, run_together
 
 sys.path.insert(0, os.path.join(ROOT, 'assignments'))  # make_student.py imports its list as plain 'stubs'
 import check_answers  # noqa: E402
@@ -67,17 +67,15 @@ def test_mutation_suite_every_wrong_implementation_fails_its_grader(capsys):
     halves = [[], []]
     for a in sorted(ASSIGNMENTS, key=entries.count, reverse=True):
         min(halves, key=lambda half: sum(map(entries.count, half))).append(a)
-    children = [subprocess.Popen([sys.executable, os.path.join('assignments', 'key', 'mutations.py'), '--stubs',
-                                  f"--only={','.join(half)}"], cwd=ROOT, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True) for half in halves]
-    outs = [child.communicate(timeout=300)[0] for child in children]
-    out = ''.join(outs)
+    done = run_together(*[dict(args=[sys.executable, os.path.join('assignments', 'key', 'mutations.py'), '--stubs',
+                                     f"--only={','.join(half)}"], cwd=ROOT) for half in halves])
+    out = ''.join(o for _, o, _ in done)
     records = [json.loads(line) for line in out.splitlines() if line.startswith('{')]
     summary = [line for line in out.splitlines() if line.startswith('mutation suite:')]
     with capsys.disabled():
         print(f"\n{' | '.join(summary) if summary else 'mutation suite: no summary'}")
-    for child, half_out in zip(children, outs):
-        assert child.returncode == 0, half_out[-4000:]
+    for code, half_out, half_err in done:
+        assert code == 0, (half_out + half_err)[-4000:]
     stubbed = {r['stubbed']: r for r in records if 'stubbed' in r}
     assert sorted(stubbed) == sorted(ASSIGNMENTS)
     for a, r in stubbed.items():

@@ -5,12 +5,11 @@ import ast
 import glob
 import os
 import re
-import subprocess
 import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, run_together
 
 MAX_LINES = 60  # one screen: a reader sees a whole function at once
 # the files a reader opens first, and the most lines each may have (the model alone, the loop on one screen)
@@ -49,13 +48,10 @@ def test_the_model_file_imports_no_lab_module():
 @pytest.fixture(scope='module')
 def as_modules():
     """{argv: (returncode, stdout, stderr)} of each lab tool run as `python -m lab.<tool>`: --help for every one,
-    and a bad flag value for the atlas. All are started at once: each spends its time importing torch, and on two
-    cores they take half as long together as one after another."""
+    and a bad flag value for the atlas. All are started at once (run_together)."""
     commands = [('-m', f'lab.{tool}', '--help') for tool in LAB_TOOLS] + [('-m', 'lab.atlas', '--seeds=0')]
-    children = {argv: subprocess.Popen([sys.executable, *argv], cwd=ROOT, stdout=subprocess.PIPE,
-                                       stderr=subprocess.PIPE, text=True) for argv in commands}
-    done = {argv: child.communicate(timeout=120) for argv, child in children.items()}
-    return {argv: (children[argv].returncode, out, err) for argv, (out, err) in done.items()}
+    results = run_together(*[dict(args=[sys.executable, *argv], cwd=ROOT) for argv in commands], timeout=120)
+    return dict(zip(commands, results))
 
 
 @pytest.mark.parametrize('tool', LAB_TOOLS)
