@@ -109,16 +109,20 @@ def test_grid_runs_then_reuses(small_data, tmp_path, monkeypatch, capsys):
     argv = ['--run', '--out_root', str(tmp_path / 'grid'), '--fig_dir', str(tmp_path / 'figs'), '--exit_windows=0',
             '--train_args', extra]
     plot_norms.main(argv)
-    assert 'training (new)' in capsys.readouterr().out
+    lines = [line for line in capsys.readouterr().out.splitlines() if 'training (' in line]
+    # the first run has no ETA (nothing trained yet), the second one from the first's time
+    assert len(lines) == 2 and lines[0].endswith('per_loop-raw-seed1: training (new)'), lines
+    assert re.search(r'terminal-rmsnorm-seed1: training \(new, ETA \d+ min\)$', lines[1]), lines
     plot_norms.main(argv)
     out = capsys.readouterr().out
-    assert out.count('finished earlier, reused') == 2 and 'terminal + rmsnorm' in out
+    assert out.count('finished earlier, reused') == 2 and 'training (' not in out and 'terminal + rmsnorm' in out
     assert sorted(os.listdir(tmp_path / 'grid' / 'laptop')) == ['per_loop-raw-seed1', 'terminal-rmsnorm-seed1']
-    # a second seed after two reused runs: no ETA before anything was trained (reused runs took no time), then one
-    plot_norms.main(argv + ['--seeds=2'])
-    lines = [line for line in capsys.readouterr().out.splitlines() if 'training (' in line]
-    assert len(lines) == 2 and lines[0].endswith('per_loop-raw-seed2: training (new)'), lines
-    assert re.search(r'terminal-rmsnorm-seed2: training \(new, ETA \d+ min\)$', lines[1]), lines
+    # a second seed after a reused run: still no ETA (a reused run took no time and would make it 0)
+    plot_norms.main(argv + ['--seeds=2', '--conditions=per_loop-raw'])
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if 'training (' in line]
+    assert out.count('finished earlier, reused') == 1, out
+    assert len(lines) == 1 and lines[0].endswith('per_loop-raw-seed2: training (new)'), lines
 
 
 # ---------------------------------------------------------------------------------------------------------------------
