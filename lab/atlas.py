@@ -297,6 +297,8 @@ def main(argv=None):
     m = first['config']['model']
     title = (f"{args.config}: {m['n_layer']} layers x K={m['n_loop']}, d={m['n_embd']}, "
              f"{first['config']['max_iters']} steps, per-loop supervision, {args.init} init")
+    if m.get('tie_weights', args.init != 'gpt2') != (args.init != 'gpt2'):  # a head tied or untied against its init
+        title += f", head {'tied' if m['tie_weights'] else 'untied'}"
     path = plot(groups, names, os.path.join(args.fig_dir, 'fig8_atlas.png'), title)
     print(text)
     print(f"unigram loss of {first['config']['dataset']}'s validation split: {unigram:.3f} nats")
