@@ -59,12 +59,12 @@ PAPER_TOKENS = 4 * (100_000_000 // 128) // 64 * 64 * 256  # 4 epochs of windows 
 PAPER_RMS = 39_000 / math.sqrt(512)  # the paper's headline ||h_K|| at d = 512, as an RMS
 
 
-def fit(steps, norms, after):
-    """Least squares of log norm on log step over steps >= after: {'n', 'b', 'lo', 'hi', 'a', 'predict'}, with
+def fit(steps, norms, after, until=math.inf):
+    """Least squares of log norm on log step over after <= step <= until: {'n', 'b', 'lo', 'hi', 'a', 'predict'}, with
     predict(step) -> (value, low, high) of the fitted law and its 95% interval (of the line, not of a new run);
     None with fewer than 3 points."""
     steps, norms = np.asarray(steps, dtype=float), np.asarray(norms, dtype=float)
-    keep = (steps >= max(after, 1)) & (norms > 0)
+    keep = (steps >= max(after, 1)) & (steps <= until) & (norms > 0)
     x, y = np.log(steps[keep]), np.log(norms[keep])
     n = len(x)
     if n < 3:
@@ -106,7 +106,7 @@ def rows_of(runs, after):
         f = fit(steps, norms, after)
         early = [v for s, v in zip(steps, norms) if 0 < s <= 500]
         row = {'run': label(run), 'lr': c['learning_rate'], 'warmup': c.get('warmup_iters', 0), 'init': m['init'],
-               'd': m['n_embd'], 'last_step': steps[-1], 'last': norms[-1],
+               'd': m['n_embd'], 'steps': steps, 'norms': norms, 'last_step': steps[-1], 'last': norms[-1],
                'loss': run['records'][-1]['val_loss'][run['K'] - 1],  # at depth K, the depth it was trained for
                'peak_early': max(early) if early else math.nan,
                'fit': f, 'paper_step': paper_step}
@@ -144,29 +144,32 @@ def table(rows, after):
             f"of b), and the fitted line read at the paper's token count ({PAPER_TOKENS / 1e6:.0f}M tokens: "
             f"{rows[0]['paper_step']:,.0f} steps of these runs), as an RMS (‖h_K‖ / sqrt(d)). An extrapolation "
             f"from a small model, not a measurement.\n\n" + markdown(head, cells) + '\n')
-    spread = seed_spread(rows)
+    spread = seed_spread(rows, after)
     if spread:
-        text += ("\nAcross seeds: the power b of each run with more than one seed (each seed's own fit, from step "
-                 f"{after} to its last evaluation).\n\n" + markdown(
+        text += ("\nAcross seeds: the power b of each run with more than one seed, each seed fitted over the steps "
+                 f"they all reached (from step {after} to the shortest seed's last evaluation).\n\n" + markdown(
                      ['run', 'seeds', 'mean b', 'lowest', 'highest', 'fitted steps'],
                      [[lab, str(n), f"{m:+.3f}", f"{lo:+.3f}", f"{hi:+.3f}", rng] for lab, n, m, lo, hi, rng in spread])
                  + '\n')
     return text, out
 
 
-def seed_spread(rows):
-    """Table 2 of course.md: the fitted power across the seeds of each run that has more than one, as
-    (label, seeds, mean b, lowest b, highest b, the fits' step ranges)."""
+def seed_spread(rows, after):
+    """Table 2 of course.md: the power across the seeds of each run that has more than one, as (label, seeds,
+    mean b, lowest b, highest b, the fits' step ranges). Each seed is refitted over the steps its run's seeds all
+    reached (after to the shortest seed's last evaluation): a seed trained twice as long bends further, and that
+    is not a spread across seeds."""
     groups = {}
     for r in rows:
-        if r['fit'] is not None:
-            groups.setdefault(r['run'].rsplit('-seed', 1)[0], []).append(r)
+        groups.setdefault(r['run'].rsplit('-seed', 1)[0], []).append(r)
     out = []
     for label, members in groups.items():
-        if len(members) > 1:
-            b = np.array([m['fit']['b'] for m in members])
-            ranges = sorted({f"{m['fit']['first']}-{m['fit']['last']}" for m in members})
-            out.append((label, len(members), b.mean(), b.min(), b.max(), ', '.join(ranges)))
+        until = min(m['last_step'] for m in members)
+        fits = [f for f in (fit(m['steps'], m['norms'], after, until) for m in members) if f is not None]
+        if len(fits) > 1:
+            b = np.array([f['b'] for f in fits])
+            ranges = sorted({f"{f['first']}-{f['last']}" for f in fits})
+            out.append((label, len(fits), b.mean(), b.min(), b.max(), ', '.join(ranges)))
     return out
 
 

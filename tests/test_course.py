@@ -78,13 +78,27 @@ def test_the_power_across_seeds_by_hand():
     steps = [1000, 2000, 4000]
     runs = [fake_run('a', [s ** b for s in steps], steps, seed=seed) for seed, b in ((1, 0.2), (2, 0.4), (3, 0.3))]
     runs.append(fake_run('lone', [s ** 0.1 for s in steps], steps))
-    spread = norm_course.seed_spread(norm_course.rows_of(runs, after=1000))
+    spread = norm_course.seed_spread(norm_course.rows_of(runs, after=1000), after=1000)
     assert len(spread) == 1
     label, n, mean, lo, hi, ranges = spread[0]
     assert (label, n, ranges) == ('a', 3, '1000-4000')
     assert (mean, lo, hi) == pytest.approx((0.3, 0.2, 0.4))
     text, _ = norm_course.table(norm_course.rows_of(runs, after=1000), 1000)
     assert '| a | 3 | +0.300 | +0.200 | +0.400 | 1000-4000 |' in text
+
+
+def test_the_power_across_seeds_is_fitted_over_the_steps_every_seed_reached():
+    # seed 1 ran twice as long and bends after step 4,000 (its own fit from 1,000 is not 0.2); seeds 2 and 3 stop
+    # at 4,000: the spread compares all three over 1,000-4,000, where seed 1's power is exactly 0.2
+    long_steps, steps = [1000, 2000, 4000, 8000, 16000], [1000, 2000, 4000]
+    bent = [s ** 0.2 for s in steps] + [4000 ** 0.2, 4000 ** 0.2 / 2]
+    runs = [fake_run('a', bent, long_steps, seed=1)]
+    runs += [fake_run('a', [s ** b for s in steps], steps, seed=seed) for seed, b in ((2, 0.4), (3, 0.3))]
+    rows = norm_course.rows_of(runs, after=1000)
+    assert rows[0]['fit']['b'] < 0.1  # its own fit over 1,000-16,000
+    (label, n, mean, lo, hi, ranges), = norm_course.seed_spread(rows, after=1000)
+    assert (label, n, ranges) == ('a', 3, '1000-4000')
+    assert (mean, lo, hi) == pytest.approx((0.3, 0.2, 0.4))
 
 
 def test_the_committed_course_table_is_its_command_on_the_committed_logs(tmp_path):
