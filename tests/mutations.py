@@ -98,6 +98,12 @@ MUTATIONS = [
     ('course: seed spread from the first seed', 'lab/norm_course.py',
      'out.append((label, len(fits), b.mean(), b.min(), b.max(), ', 'out.append((label, len(fits), b[0], b.min(), b.max(), ',
      ['tests/test_course.py::test_the_power_across_seeds_by_hand']),
+    # ---- the committed tables against their committed logs (tests/test_tables.py): slips no hand-made case shows
+    ('course: the early peak leaves out step 500', 'lab/norm_course.py',
+     'early = [v for s, v in zip(steps, norms) if 0 < s <= 500]', 'early = [v for s, v in zip(steps, norms) if 0 < s < 500]',
+     ['tests/test_tables.py::test_every_table_under_figures_is_rebuilt_from_its_committed_logs[figures/laptop_10k]']),
+    ('atlas: the CSV loss column drops depth 2K', 'lab/atlas.py', "' '.join(f\"{v:.4f}\" for v in s['loss']),",
+     "' '.join(f\"{v:.4f}\" for v in s['loss'][:-1]),", ['tests/test_tables.py::test_every_table_under_figures_is_rebuilt_from_its_committed_logs[figures/atlas]']),
     ('sampled depth not clamped at 2K', 'looped.py', 'return int(min(max(rng.poisson(math.exp(tau)) + 1, 1), 2 * K))',
      'return int(max(rng.poisson(math.exp(tau)) + 1, 1))', ['tests/test_designs.py::test_sampled_depths_have_the_distributions_mean_and_range']),
     ('sampled depth centred on K, not K - 1', 'looped.py', 'tau = rng.normal(math.log(K - 1) - sigma ** 2 / 2, sigma)',

@@ -100,13 +100,3 @@ def test_the_power_across_seeds_is_fitted_over_the_steps_every_seed_reached():
     assert (label, n, ranges) == ('a', 3, '1000-4000')
     assert (mean, lo, hi) == pytest.approx((0.3, 0.2, 0.4))
 
-
-def test_the_committed_course_table_is_its_command_on_the_committed_logs(tmp_path):
-    """figures/laptop_10k/course.md and course.csv are what the read-only command of docs/results.md writes from
-    the logs committed beside them (figures/laptop_10k/runs/): a row no log backs, or a log changed after its
-    table was written, fails here."""
-    committed = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'figures', 'laptop_10k')
-    norm_course.main([os.path.join(committed, 'runs', '*'), '--fig_dir', str(tmp_path)])
-    for name in ('course.md', 'course.csv'):
-        with open(os.path.join(committed, name), 'rb') as f:
-            assert (tmp_path / name).read_bytes() == f.read(), name
