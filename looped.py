@@ -5,9 +5,8 @@ One shared stack of pre-norm transformer layers is applied n_loop (K) times. Eve
 through the LM head (so it can be supervised: "per-loop" or "dense" supervision) and is also fed back into the next
 loop. The paper this reproduces ("Dense Supervision Is Not Enough: The Readout Blind Spot in Looped Language Models",
 Sharma & Vu, 2026) shows that a scale-invariant readout (RMSNorm or LayerNorm before the head) hides ||h_k|| from the
-loss, while the pre-norm residual loop keeps carrying and growing it. The variants below are the knobs that expose or
-remove that blind spot (each is one LoopedConfig field, with its choices; train.py has a flag of the same name for
-every field):
+loss, while the pre-norm residual loop keeps carrying and growing it. The variants below expose or remove that blind
+spot (each one LoopedConfig field with its choices, and a train.py flag of the same name):
 
     readout      rmsnorm | layernorm   scale-invariant: the loss cannot see ||h||
                  raw                   no norm: the head sees the scale, so the loss controls it
@@ -36,8 +35,7 @@ and choices that leave the concept alone: init, mlp, tie_weights, attention, nor
 In every variant h_k is the output of pass k before any inter-loop norm or coda: it is what is carried, read out,
 penalized and logged (LoopedGPT.loops is the one place that runs the passes).
 
-Importing this file has no side effects. It is the model alone: checkpoints and run names live in lab/runs.py, the
-device in lab/runtime.py.
+The model alone, no side effects on import: checkpoints and run names are lab/runs.py's, the device lab/runtime.py's.
 """
 
 import math
@@ -129,8 +127,7 @@ class LoopedConfig:
 
     @staticmethod
     def variants():
-        """The fields that make a condition (those with choices or a tag, but implementation choices), in declaration
-        order."""
+        """The fields that make a condition (with choices or a tag, not implementation choices), in order."""
         return [f for f in fields(LoopedConfig)
                 if (f.metadata['choices'] or f.metadata['tag']) and f.metadata['variant']]
 
@@ -156,6 +153,37 @@ class RMSNorm(nn.Module):
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight).type_as(x)
 
 
+class KVCache:
+    """Generation's memory (LoopedGPT.generate): every attention layer's keys and values for the context so far, one
+    entry per layer and loop, since the shared stack sees another state at every loop: ('prelude', i), ('loop', k, i),
+    ('coda', k, i) for coda layer i on loop k's readout. An entry: two buffers (B, nh, block_size, hs), to length."""
+
+    def __init__(self, block_size):
+        self.block_size, self.length, self.kv = block_size, 0, {}
+
+    def layer(self, *key):
+        """What layer `key`'s attention calls: stores its keys, values (B, nh, T, hs) at length, returns all so far."""
+        def attend(k, v):
+            if key not in self.kv:
+                self.kv[key] = tuple(t.new_zeros(*t.shape[:2], self.block_size, t.size(3)) for t in (k, v))
+            end = self.length + k.size(2)
+            keys, values = self.kv[key]
+            keys[:, :, self.length:end], values[:, :, self.length:end] = k, v
+            return keys[:, :, :end], values[:, :, :end]
+        return attend
+
+    def share(self, depth, n_loop):
+        """After a decoded token: a sequence that exited at loop depth[b] ran no later loop, so each later loop's entry
+        at that position takes its last loop's (Huginn's sharing: running them to fill the cache would undo the exit)"""
+        t = self.length - 1  # the newest position
+        for j in range(2, n_loop + 1):
+            skipped = depth < j                                       # (B,): the rows that stopped before loop j
+            for kind, k, i in [key for key in self.kv if key[0] != 'prelude' and key[1] == j - 1]:
+                src = self.kv[kind, k, i]
+                for to, fro in zip(self.kv.setdefault((kind, j, i), tuple(map(torch.zeros_like, src))), src):
+                    to[skipped, :, t] = fro[skipped, :, t]
+
+
 class CausalSelfAttention(nn.Module):
 
     def __init__(self, config):
@@ -168,16 +196,20 @@ class CausalSelfAttention(nn.Module):
         self.register_buffer('mask', torch.tril(torch.ones(config.block_size, config.block_size, dtype=torch.bool)),
                              persistent=False)
 
-    def forward(self, x):
+    def forward(self, x, kv=None):
+        """x (B, T, C) -> (B, T, C); with kv (KVCache.layer) x is the newest T positions, after the cached ones."""
         B, T, C = x.shape
         # q, k, v: (B, T, C) each from one matmul, split into heads: (B, nh, T, hs)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in self.c_attn(x).split(C, dim=2))
-        p = self.dropout if self.training else 0.0
+        if kv is not None:
+            k, v = kv(k, v)                                           # (B, nh, L, hs): the cached positions, then these
+        L, p = k.size(2), self.dropout if self.training else 0.0
         if self.attention == 'sdpa':
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)  # (B, nh, T, hs)
+            mask = None if T in (1, L) else self.mask[L - T:L, :L]  # (T, L); None: causal (square) or one query
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=T == L > 1)
         else:
-            att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))   # (B, nh, T, T)
-            att = att.masked_fill(~self.mask[:T, :T], float('-inf'))
+            att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))   # (B, nh, T, L)
+            att = att.masked_fill(~self.mask[L - T:L, :L], float('-inf'))
             att = F.dropout(F.softmax(att, dim=-1), p=p)
             y = att @ v                                               # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)              # (B, T, C): heads side by side again
@@ -218,15 +250,15 @@ class Block(nn.Module):
         self.mlp = MLP(config)
         self.post_mlp = RMSNorm(config.n_embd, config.norm_eps) if sandwich else nn.Identity()
 
-    def forward(self, x):
+    def forward(self, x, kv=None):
         if self.sandwich:  # a method of its own, so that the default pre-norm layer never runs it
-            return self.sandwich_forward(x)
-        x = x + self.attn(self.norm_1(x))
+            return self.sandwich_forward(x, kv)
+        x = x + self.attn(self.norm_1(x), kv)
         return x + self.mlp(self.norm_2(x))
 
-    def sandwich_forward(self, x):
+    def sandwich_forward(self, x, kv=None):
         """(B, T, C) -> (B, T, C): norm(x + f(norm(x))) for f = attention, then the MLP; post_attn, post_mlp last."""
-        x = self.post_attn(x + self.attn(self.norm_1(x)))
+        x = self.post_attn(x + self.attn(self.norm_1(x), kv))
         return self.post_mlp(x + self.mlp(self.norm_2(x)))
 
 
@@ -335,20 +367,21 @@ class LoopedGPT(nn.Module):
 
     # ---- the forward pass, in the order it runs: embed, loops (loop_step, inter-loop norm), readout, loss ----
 
-    def embed(self, idx):
-        """h_0 = e: token plus learned position embedding, through the prelude if there is one, (B, T) -> (B, T, C)."""
-        pos = torch.arange(idx.size(1), device=idx.device)
-        h = self.drop(self.wte(idx) + self.wpe(pos))
-        for block in self.prelude:
-            h = block(h)
+    def embed(self, idx, cache=None):
+        """h_0 = e: token plus learned position embedding, through the prelude if there is one, (B, T) -> (B, T, C);
+        with a KVCache, idx is the tokens after the cached ones."""
+        t0 = cache.length if cache is not None else 0
+        h = self.drop(self.wte(idx) + self.wpe(torch.arange(t0, t0 + idx.size(1), device=idx.device)))
+        for i, block in enumerate(self.prelude):
+            h = block(h, cache and cache.layer('prelude', i))
         return h
 
-    def loop_step(self, h):
-        """One pass through the shared stack, (B, T, C) -> (B, T, C). residual_scale='inverse_k' scales the pass's
-        update by 1/K, which shrinks each pass's step but leaves the state carried from loop to loop."""
+    def loop_step(self, h, cache=None, k=None):
+        """Pass k through the shared stack, (B, T, C) -> (B, T, C). residual_scale='inverse_k' scales the pass's update
+        by 1/K, which shrinks each pass's step but leaves the state carried from loop to loop."""
         x = h
-        for block in self.blocks:
-            x = block(x)
+        for i, block in enumerate(self.blocks):
+            x = block(x, cache and cache.layer('loop', k, i))
         return h + (x - h) / self.config.n_loop if self.config.residual_scale == 'inverse_k' else x
 
     def pass_input(self, h, e, k, n_loop):
@@ -367,18 +400,18 @@ class LoopedGPT(nn.Module):
         """e injected into h, (B, T, C) each: 'add' h + e; 'concat' self.adapter(h, e side by side) = W_h h + W_e e."""
         return h + e if self.config.injection == 'add' else self.adapter(torch.cat([h, e], dim=-1))
 
-    def loops(self, h, n_loop, intervene=None):
+    def loops(self, h, n_loop, intervene=None, cache=None):
         """The recurrence, the one place it is written: yields (k, h_k) for k = 1..n_loop, starting from h = h_0 = e.
         h_k is pass k's output before any inter-loop norm: what is read out, penalized and logged. With 'normed'
         recurrence pass k + 1 starts from RMSNorm(h_k) (so there is no norm before pass 1, and after the last pass it
         changes nothing); with 'residual' it starts from h_k itself, scale and all. Each pass runs on pass_input (the
         injection and truncation designs). intervene(k, h_in, h_k) -> h_k, if given, may change each pass's output
         before it is used (lab/diagnose.py's radial clamps); to drop rows from the batch (the exit benchmark) it
-        returns (h_k, keep) with keep a bool mask of the rows kept, and e follows them."""
+        returns (h_k, keep) with keep a bool mask of the rows kept, and e follows them. cache: generation's KVCache."""
         e = h
         for k in range(1, n_loop + 1):
             h_in = h
-            h = self.loop_step(self.pass_input(h_in, e, k, n_loop))  # (B, T, C)
+            h = self.loop_step(self.pass_input(h_in, e, k, n_loop), cache, k)  # (B, T, C)
             if intervene is not None:
                 h = intervene(k, h_in, h)
                 if isinstance(h, tuple):  # rows left the batch: e must keep the same rows as h for the next pass
@@ -393,20 +426,20 @@ class LoopedGPT(nn.Module):
     # (last position: generation), head_loss (LM head + loss, what lab/runtime.py compiles) and readout_loss (head_input
     # + head_loss: what per-loop supervision checkpoints, so that backward can recompute it).
 
-    def head_input(self, h, k):
+    def head_input(self, h, k, cache=None):
         """What the LM head reads of h_k (B, T, C) at loop k: the coda's layers (if any), then the readout."""
-        for block in self.coda:
-            h = block(h)                                              # (B, T, C): the coda attends over the sequence
+        for i, block in enumerate(self.coda):
+            h = block(h, cache and cache.layer('coda', k, i))         # (B, T, C): the coda attends over the sequence
         return self.readout(h, k)
 
-    def readout_logits(self, h, k):
+    def readout_logits(self, h, k, cache=None):
         """Loop k's prediction from h_k: (B, T, C) -> (B, T, V); without a coda any (..., C) works."""
-        return self.lm_head(self.head_input(h, k))
+        return self.lm_head(self.head_input(h, k, cache))
 
-    def next_logits(self, h, k):
+    def next_logits(self, h, k, cache=None):
         """Loop k's prediction of the token after the last position, (B, T, C) -> (B, V). The coda (if any) runs on the
-        whole sequence, since its attention needs it; without one only the last position is read out."""
-        return self.readout_logits(h if self.coda else h[:, -1:, :], k)[:, -1, :]
+        whole sequence (its attention needs it; a KVCache holds the rest); without one only the last position is."""
+        return self.readout_logits(h if self.coda else h[:, -1:, :], k, cache)[:, -1, :]
 
     def head_loss(self, x, targets):
         """The LM head and its cross-entropy on x = readout(h_k) (B, T, C) against targets (B, T): (logits (B, T, V),
@@ -437,9 +470,8 @@ class LoopedGPT(nn.Module):
         Returns (logits, loss, stats):
           logits  (B, T, V) at the last loop when targets are given, else (B, 1, V) for the last position
           loss    the training objective (None without targets)
-          stats   {'hidden_norm': (n_loop,) mean over tokens of ||h_k||_2, before any normalization,
-                   'ce': (n_loop,) cross-entropy of the readout at every loop, or None without targets}
-        """
+          stats   {'hidden_norm': (n_loop,) mean over tokens of ||h_k||_2 before any normalization, 'ce': (n_loop,)
+                   cross-entropy of the readout at every loop, or None without targets}"""
         T, K = idx.size(1), n_loop or self.config.n_loop
         if T > self.config.block_size:
             raise ValueError(f"sequence of length {T} is longer than block_size={self.config.block_size}")
@@ -475,8 +507,8 @@ class LoopedGPT(nn.Module):
         """Training FLOPs per token (6 per parameter use, forward and backward, as in the PaLM paper) module by module:
         the stack and adapter once per loop, the prelude once, the coda once per supervised readout, the norms' gains
         once, the head's matmul once per supervised readout (tied or not), attention's score and value matmuls (12 *
-        layers * d * T, nanoGPT's convention) once per layer run. A module missing from `uses` is an error: a new
-        design says how often a token uses it."""
+        layers * d * T, nanoGPT's convention) once per layer run. A module missing from `uses` is an error: a new design
+        says how often a token uses it."""
         c, K = self.config, n_loop or self.config.n_loop
         readouts = K if c.supervision == 'per_loop' else 1
         uses = {'blocks': K, 'adapter': K, 'prelude': 1, 'coda': readouts, 'readout': 1, 'inter_norm': 1,
@@ -497,40 +529,69 @@ class LoopedGPT(nn.Module):
              {'params': [p for p in params if p.dim() < 2], 'weight_decay': 0.0}]
         return torch.optim.AdamW(groups, lr=learning_rate, fused=(device_type == 'cuda'))
 
-    @torch.no_grad()
+    # ---- generation: a window of the context, one token at a time, each through its loops and its exit ----
+
+    @torch.inference_mode()
+    def next_logprobs(self, window, n_loop, exit_rule=None, exit_threshold=None, cache=None):
+        """One step of generation: the log-probabilities (B, V) of the token after window (B, T) and the loop (B,) each
+        sequence exited at, the first whose last-position readout passes the exit rule (exit_passes), or n_loop. The
+        batch runs until its last sequence stops; one that stopped earlier keeps its own loop's readout. With a KVCache
+        only the positions after its length run; a prefill (an empty cache: the prompt, a restarted window) runs every
+        loop so that the cache holds them all, and after a decoded token KVCache.share fills the loops it skipped."""
+        B, prefill = window.size(0), cache is None or cache.length == 0
+        h0 = self.embed(window if cache is None else window[:, cache.length:], cache)  # (B, T_new, C)
+        logp, logp_prev, h_prev = None, None, h0[:, -1, :]           # the latent rule compares h_1 with h_0 = e
+        depth, done = window.new_full((B,), n_loop), window.new_zeros(B, dtype=torch.bool)  # (B,) each
+        for k, h in self.loops(h0, n_loop, cache=cache):
+            if exit_rule is None and k < n_loop:
+                continue                                              # no rule: only the last loop is read out
+            logp_k = F.log_softmax(self.next_logits(h, k, cache).float(), dim=-1)  # (B, V): next token only
+            h_last = h[:, -1, :]                                      # (B, C): the state the latent rule watches
+            stops = ~done if exit_rule is None or k == n_loop else \
+                exit_passes(exit_rule, exit_threshold, logp_k, logp_prev, h_last, h_prev) & ~done
+            logp = logp_k if logp is None else torch.where(stops[:, None], logp_k, logp)
+            depth[stops], done = k, done | stops
+            if done.all() and not (cache is not None and prefill):
+                break
+            logp_prev, h_prev = logp_k, h_last
+        if cache is not None:
+            cache.length += h0.size(1)
+            if exit_rule is not None and not prefill:
+                cache.share(depth, n_loop)
+        return logp, depth
+
+    @torch.inference_mode()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, n_loop=None, exit_rule=None,
-                 exit_threshold=None):
-        """Append max_new_tokens sampled tokens to idx (B, T). Each token runs up to n_loop loops; with an exit rule
-        (see exit_passes) it stops at the first loop whose last-position readout passes the threshold (for the whole
-        batch at once). Returns (idx, loops used per generated token)."""
-        K, loops_used = n_loop or self.config.n_loop, []
+                 exit_threshold=None, cache=True):
+        """Append max_new_tokens sampled tokens to idx (B, T), each from next_logprobs (with an exit rule each sequence
+        stops at its own loop). cache: True keeps a KVCache, so a new token runs its loops over one position; False
+        recomputes the window for every token (the reference: the same tokens at a fixed depth; with an exit rule it
+        also recomputes what the cache shares); or a fresh KVCache to fill. The window, the same either way, starts as
+        the prompt's last block_size tokens and when full restarts at its newest block_size // 2, recomputed (a rolling
+        window cannot be cached: every kept token's position would shift). Returns (idx, depth (B, new): exit loops)."""
+        K, block = n_loop or self.config.n_loop, self.config.block_size
+        cache = KVCache(block) if cache is True else cache or None
+        start, depths = max(0, idx.size(1) - block), []
         for _ in range(max_new_tokens):
-            h0 = self.embed(idx[:, -self.config.block_size:])         # cropped to the context the model knows
-            logp_prev, h_prev = None, h0[:, -1, :]                   # the latent rule compares h_1 with h_0 = e
-            for k, h in self.loops(h0, K):
-                logp = F.log_softmax(self.next_logits(h, k).float(), dim=-1)  # (B, V): next token only
-                h_last = h[:, -1, :]                                  # (B, C): the state the latent rule watches
-                if exit_rule is not None and \
-                        exit_passes(exit_rule, exit_threshold, logp, logp_prev, h_last, h_prev).all():
-                    break
-                logp_prev, h_prev = logp, h_last
-            loops_used.append(k)
+            if idx.size(1) - start > block:  # the window is full: keep its newer half, a fresh cache refilled from it
+                start, cache = idx.size(1) - block // 2, cache and KVCache(block)
+            logp, depth = self.next_logprobs(idx[:, start:], K, exit_rule, exit_threshold, cache)
+            depths.append(depth)
             logits = logp / max(temperature, 1e-8)                    # log-probabilities are logits up to a shift
             if top_k is not None:
                 v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
                 logits[logits < v[:, [-1]]] = float('-inf')
             idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)  # (B, 1)
             idx = torch.cat((idx, idx_next), dim=1)
-        return idx, loops_used
+        return idx, torch.stack(depths, 1) if depths else idx.new_zeros(idx.size(0), 0)
 
 
 def exit_passes(rule, threshold, logp, logp_prev, h=None, h_prev=None):
     """Early-exit rule on one loop's log-probabilities (..., V), or for 'latent' on its hidden state (..., C):
     'confidence' passes when the top probability reaches the threshold; 'kl' when KL(p_k || p_{k-1}) falls to the
-    threshold or below; 'latent' when the state's relative change ||h_k - h_{k-1}|| / ||h_{k-1}|| does (Huginn's and
-    looped_nanochat's training-free rule). Where logp_prev or h_prev is None there is nothing to compare with, and the
-    rule does not pass: 'kl' never passes at loop 1, while 'latent' can, since generate and lab/diagnose.py pass h_0
-    (the embedding) as the state before loop 1. Returns a bool tensor of shape (...)."""
+    threshold or below; 'latent' when the relative change ||h_k - h_{k-1}|| / ||h_{k-1}|| does (Huginn's and
+    looped_nanochat's training-free rule). With nothing to compare (logp_prev or h_prev None) it does not pass: 'kl'
+    never at loop 1, 'latent' can (h_0, the embedding, is the state before loop 1). Returns a bool tensor (...)."""
     if rule == 'confidence':
         return logp.max(dim=-1).values.exp() >= threshold
     if (logp_prev if rule == 'kl' else h_prev) is None:
@@ -548,10 +609,9 @@ def latent_change(h, h_prev):
 
 def sampled_depth(config, seed, step):
     """The loop count that training step `step` trains at: K, or under depth_sampling='poisson_lognormal'
-    looped_nanochat's draw tau ~ N(ln(K - 1) - sigma^2 / 2, sigma), r = Poisson(e^tau) + 1 with sigma = 0.5, clamped to
-    [1, 2K]. E[e^tau] = K - 1, so r has mean K before the clamp (looped_nanochat centres e^tau on its mean itself,
-    which puts r one loop higher); the clamp at 2K trims the long tail a little. The draw depends on (seed, step)
-    alone: every process draws the same r, and a resumed run the same sequence."""
+    looped_nanochat's draw tau ~ N(ln(K - 1) - sigma^2 / 2, sigma), r = Poisson(e^tau) + 1, sigma = 0.5, clamped to
+    [1, 2K]: E[e^tau] = K - 1, so r has mean K before the clamp (looped_nanochat centres e^tau on its mean, so r is one
+    loop higher). It depends on (seed, step) alone: every process draws the same r, a resumed run the same sequence."""
     K = config.n_loop
     if config.depth_sampling == 'fixed' or K == 1:
         return K

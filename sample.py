@@ -8,9 +8,13 @@ Generate text from a trained looped model, at its trained loop count or any othe
     python sample.py --out_dir=out/laptop --exit=kl --exit_threshold=0.01        # stop looping early per token
     python sample.py --exit=confidence --exit_threshold=0.6 --show_depth         # see which tokens needed more loops
     python sample.py --exit=latent --exit_threshold=0.2    # exit when the hidden state stops changing
+    python sample.py --recompute                       # no KV cache: rerun the whole context for every token
 
-Not here: the exit rules themselves (looped.py: exit_passes) and their calibration and measured speed
-(lab/diagnose.py). It needs looped.py, lab/ and data/common.py beside it (no dataset).
+The samples are generated as one batch, each with its own exits (--show_depth marks each one's), through a KV cache
+per loop (looped.py: KVCache; a token that exits early shares its last loop's keys and values with the loops it
+skipped). Not here: the exit rules themselves (looped.py: exit_passes) and their calibration and measured speed
+(lab/diagnose.py), the cache against recomputing (python -m lab.bench --generate). It needs looped.py, lab/ and
+data/common.py beside it (no dataset).
 """
 
 import argparse
@@ -99,6 +103,9 @@ def get_parser():
     p.add_argument('--show_depth', action='store_true',
                    help='mark every generated token with the loop at which it exited (colours in a terminal, '
                         'a line of digits under the text otherwise)')
+    p.add_argument('--recompute', action='store_true',
+                   help="recompute the whole context for every token instead of reading the per-loop KV cache (the "
+                        "reference: the same text at a fixed depth, and many times slower)")
     p.add_argument('--device', default='auto', help='auto, cpu, cuda or mps')
     return p
 
@@ -135,21 +142,19 @@ def main(argv=None):
     n_loop = args.n_loop or config.n_loop  # more than the trained K extrapolates, fewer exits early
     print(f"{args.out_dir} at step {ckpt['step']}: {condition_name(config.to_dict())}, trained with K={config.n_loop}, "
           f"sampling with {n_loop} loops per token")
-    x = torch.tensor(ids, dtype=torch.long, device=device)[None, :]  # (1, T)
+    x = torch.tensor(ids, dtype=torch.long, device=device)[None, :].repeat(args.num_samples, 1)  # (num_samples, T)
     exit_rule = None if args.exit == 'none' else args.exit
-    loops = []  # loops used per generated token, over all samples
-    for _ in range(args.num_samples):
-        y, used = model.generate(x, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                                 n_loop=n_loop, exit_rule=exit_rule, exit_threshold=args.exit_threshold)
-        loops += used
+    y, depth = model.generate(x, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, n_loop=n_loop,
+                              exit_rule=exit_rule, exit_threshold=args.exit_threshold, cache=not args.recompute)
+    for row, used in zip(y.tolist(), depth.tolist()):  # each sample with the loops its own tokens exited at
         if args.show_depth:
-            new = y[0, x.size(1):].tolist()
+            new = row[len(ids):]
             print(show_depth(decode(ids), [decode([t]) for t in new], used, n_loop, sys.stdout.isatty()))
         else:
-            print(decode(y[0].tolist()))
+            print(decode(row))
         print('---------------')
-    if loops:
-        print(f"mean loops per token: {sum(loops) / len(loops):.2f} of {n_loop}"
+    if depth.numel():
+        print(f"mean loops per token: {depth.float().mean().item():.2f} of {n_loop}"
               + (f" (exit={args.exit}, threshold {args.exit_threshold:g})" if exit_rule else ''))
 
 

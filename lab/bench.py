@@ -5,6 +5,7 @@ Time training steps on synthetic data: tokens/s, MFU, peak memory, compile time.
     python -m lab.bench --config=gpu_char --supervision=terminal          # on a GPU: compare with per_loop
     python -m lab.bench --vocab_size=50257 --n_embd=64 --n_layer=1 --batch_size=4 --block_size=64
     python -m lab.bench --suite                                           # everything below in one table (+ JSON)
+    python -m lab.bench --generate --ckpt=out/laptop --exit=kl --exit_threshold=0.01   # the KV cache, see below
 
 Takes train.py's flags (--config, the model and variant flags, --device, --dtype, --compile, ...: see
 python train.py --help) plus its own --vocab_size, --steps and --warmup. Peak memory is the CUDA allocator's
@@ -19,6 +20,14 @@ plus evaluation at 2K after a warm-up; compiled against eager loss over 20 steps
 suite at toy sizes in under a minute and marks the rows it did not measure. It prints a markdown table and
 writes it as JSON (--json).
 
+--generate times generation instead: LoopedGPT.generate with its KV cache per loop against recomputing the
+whole window for every token, alternating (cached, recomputed, twice; the faster of each), greedy, for batches of
+1 and 8 and 256 and 1,024 new tokens after a prompt of block_size // 2 random tokens, on the model of the flags
+given (random weights) or of --ckpt. --recompute_cap=N stops each recomputing run after N tokens: its rate over
+the window's shortest stretch, so the speed-up is then a lower bound. With --ckpt and --exit it also measures
+what sharing costs: generation under the exit rule with the cache (the loops a token skipped take its last loop's
+keys and values) and recomputing (they are recomputed), each scored by the full-depth model on its own text.
+
 Not here: the training step it times (train.py's, called as bench.train_step does it), what the model learns
 (train.py's evaluations), the early-exit speed of a trained model (lab/diagnose.py, plot_norms.py).
 """
@@ -27,6 +36,7 @@ import argparse
 import contextlib
 import gc
 import json
+import math
 import os
 import resource
 import sys
@@ -38,9 +48,9 @@ import torch
 from data.common import check_writable, write_atomically
 import train  # lab/bench.py times train.py's training step, so it takes train.py's flags and model config
 from lab.report import fail, markdown
-from lab.runs import condition_name
+from lab.runs import condition_name, load_model
 from lab.runtime import compile_regions, fmt_mfu, peak_flops, resolve_device, synchronize
-from looped import LoopedConfig, LoopedGPT
+from looped import EXITS, KVCache, LoopedConfig, LoopedGPT
 
 PROG = 'python -m lab.bench'
 
@@ -95,6 +105,11 @@ def own_parser():
     own.add_argument('--warmup', type=int, default=3, help='untimed steps first (compilation happens here)')
     own.add_argument('--suite', action='store_true', help='the whole benchmark suite (see above); other flags ignored')
     own.add_argument('--json', default='out/bench_suite.json', help='where --suite writes its table as JSON')
+    own.add_argument('--generate', action='store_true', help='time generation: the KV cache against recomputing')
+    own.add_argument('--ckpt', default=None, help='--generate: a run folder or ckpt.pt whose model generates')
+    own.add_argument('--recompute_cap', type=int, default=0, help='--generate: tokens per recomputing run (0: all)')
+    own.add_argument('--exit', default='none', choices=('none',) + EXITS, help='--generate --ckpt: an exit rule')
+    own.add_argument('--exit_threshold', type=float, default=None, help='--generate --ckpt: its threshold')
     return own
 
 
@@ -124,6 +139,8 @@ def main(argv=None):
         except ValueError as e:
             fail(PROG, e)
         return suite(mine.json)
+    if mine.generate:
+        return generation(mine, args)
     if mine.vocab_size < 1 or mine.steps < 1 or mine.warmup < 0:
         fail(PROG, "need --vocab_size >= 1, --steps >= 1 and --warmup >= 0")
     try:
@@ -155,6 +172,93 @@ def main(argv=None):
           f"{tok_s:,.0f} tok/s | MFU {fmt_mfu(tok_s, model.flops_per_token(), peak_flops(device))} | "
           f"peak memory {peak:,.0f} MiB ({what}) | warm-up {warm_s:.1f} s ({mine.warmup} steps"
           f"{', compile included' if rt.compile else ''})")
+
+
+# ---- generation: the KV cache against recomputing ----
+
+def timed_generate(model, prompt, new, cache):
+    """Seconds generate takes for `new` greedy tokens after prompt (B, T), with its KV cache or recomputing."""
+    t0 = time.perf_counter()
+    model.generate(prompt, new, top_k=1, cache=cache)
+    return time.perf_counter() - t0
+
+
+def full_depth_score(model, idx, start, n_loop):
+    """The full-depth model on generated text idx (B, start + N): the mean loss (nats) of the N generated tokens
+    and the fraction that are its own greedy choice, each read through the window generate had (a fresh cache,
+    n_loop loops, no exit rule: recomputing's numbers, to float rounding)."""
+    block = model.config.block_size
+    first, cache, nll, same = max(0, start - block), KVCache(block), [], []
+    for t in range(start, idx.size(1)):
+        if t - first > block:  # generate's window rule (LoopedGPT.generate)
+            first, cache = t - block // 2, KVCache(block)
+        logp, _ = model.next_logprobs(idx[:, first:t], n_loop, cache=cache)
+        nll.append(-logp.gather(1, idx[:, t:t + 1]).squeeze(1))
+        same.append(logp.argmax(-1) == idx[:, t])
+    return torch.stack(nll).mean().item(), torch.stack(same).float().mean().item()
+
+
+def generation_speed(model, device, cap):
+    """The timing table's rows: tokens/s cached and recomputed for batches of 1 and 8 and 256 and 1,024 new tokens
+    after a prompt of block_size // 2 random tokens (where the window restarts: its mean length from the start)."""
+    rows, g = [], torch.Generator().manual_seed(0)
+    for B in (1, 8):
+        prompt = torch.randint(model.config.vocab_size, (B, model.config.block_size // 2), generator=g).to(device)
+        timed_generate(model, prompt, 8, True)  # warm-up: the first calls allocate
+        best = {}  # (cache, tokens) -> the fastest seconds; a capped recomputing run serves both lengths
+        for new in (256, 1024):
+            runs = [(True, new), (False, min(new, cap or new))]
+            for cache, n in runs + runs:  # alternating, so that any drift of the machine hits both alike
+                best[cache, n] = min(best.get((cache, n), math.inf), timed_generate(model, prompt, n, cache))
+            n = runs[1][1]
+            cached, recomputed = B * new / best[True, new], B * n / best[False, n]
+            rows.append([B, new, f"{cached:,.0f}", f"{recomputed:,.0f}" + (f" (first {n})" if n < new else ''),
+                         f"{cached / recomputed:.1f}x"])
+            print(f"  batch {B}, {new} new tokens: cached {cached:,.0f} tok/s, recomputed {recomputed:,.0f} tok/s",
+                  flush=True)
+    return rows
+
+
+def sharing_cost(model, device, rule, threshold):
+    """The exit table's rows: 8 greedy sequences of 256 tokens at full depth, under the exit rule with the cache
+    (skipped loops shared) and recomputing (skipped loops recomputed), each scored by full_depth_score."""
+    prompt, rows = torch.zeros(8, 1, dtype=torch.long, device=device), []
+    runs = (('full depth, no exit', None, True), ('exit, skipped loops shared (cache)', rule, True),
+            ('exit, skipped loops recomputed', rule, False))
+    for label, exit_rule, cache in runs:
+        idx, depth = model.generate(prompt, 256, top_k=1, exit_rule=exit_rule, exit_threshold=threshold, cache=cache)
+        loss, agree = full_depth_score(model, idx, 1, model.config.n_loop)
+        rows.append([label, f"{depth.float().mean().item():.2f}", f"{loss:.3f}", f"{agree:.3f}"])
+    return rows
+
+
+def generation(mine, args):
+    """--generate: the timing table, then (with --ckpt and --exit) what sharing the skipped loops costs."""
+    if mine.recompute_cap < 0 or (mine.exit != 'none') != (mine.exit_threshold is not None):
+        fail(PROG, "need --recompute_cap >= 0, and --exit with --exit_threshold (or neither)")
+    if mine.exit != 'none' and not mine.ckpt:
+        fail(PROG, "--exit needs --ckpt: what sharing costs is measured on a trained model")
+    try:
+        rt = resolve_device(args.device, 'float32', False)  # generation runs in fp32, uncompiled (as sample.py)
+        if mine.ckpt:
+            model, ckpt = load_model(mine.ckpt, rt.device)
+            what = f"{mine.ckpt} (step {ckpt['step']})"
+        else:
+            torch.manual_seed(args.seed)
+            model, what = LoopedGPT(train.model_config(args, mine.vocab_size)).to(rt.device).eval(), 'random weights'
+    except ValueError as e:
+        fail(PROG, e)
+    c = model.config
+    print(f"{rt.describe()} | {condition_name(c.to_dict())} d={c.n_embd} L={c.n_layer} K={c.n_loop} T={c.block_size} "
+          f"V={c.vocab_size}, {model.num_params():,} params, {what}, {torch.get_num_threads()} threads", flush=True)
+    print(markdown(['batch', 'new tokens', 'cached tok/s', 'recomputed tok/s', 'speed-up'],
+                   generation_speed(model, rt.device, mine.recompute_cap)))
+    if mine.exit != 'none':
+        rows = sharing_cost(model, rt.device, mine.exit, mine.exit_threshold)
+        print(f"\n8 greedy sequences of 256 tokens, exit={mine.exit} threshold {mine.exit_threshold:g}, each scored by "
+              f"the full-depth model ({c.n_loop} loops) on the text it generated:")
+        print(markdown(['generation', 'mean loops per token', 'full-depth loss (nats)', 'full-depth greedy agreement'],
+                       rows))
 
 
 # ---- the suite ----

@@ -35,7 +35,7 @@ def tokens(B=2, T=8, seed=1):
 def record_passes(model):
     """Wrap loop_step: returns the list that every pass's input is appended to."""
     inputs, step = [], model.loop_step
-    model.loop_step = lambda h: inputs.append(h) or step(h)
+    model.loop_step = lambda h, *cache: inputs.append(h) or step(h, *cache)
     return inputs
 
 
@@ -337,14 +337,18 @@ def test_generate_temperature_sharpens_and_flattens():
     assert len(draws[0.05]) <= 2 < len(draws[100.0]), draws
 
 
-def test_generate_crops_the_context_at_block_size():
+def test_generate_crops_the_context_at_block_size(monkeypatch):
+    """The window generate reads: the prompt's last block_size tokens, growing to block_size, then restarting at its
+    newest block_size // 2 (the same with the cache and without)."""
     model = tiny().eval()
     long = torch.randint(11, (1, 3 * BASE['block_size']))
-    torch.manual_seed(0)
-    a = model.generate(long, 4, top_k=1)[0]
-    torch.manual_seed(0)
-    b = model.generate(long[:, -BASE['block_size']:], 4, top_k=1)[0]
-    assert torch.equal(a[:, -4:], b[:, -4:])
+    step = LoopedGPT.next_logprobs
+    for cache in (True, False):
+        windows = []
+        monkeypatch.setattr(LoopedGPT, 'next_logprobs', lambda self, w, *a: windows.append(w) or step(self, w, *a))
+        out, _ = model.generate(long, 6, top_k=1, cache=cache)
+        assert torch.equal(windows[0], long[:, -BASE['block_size']:])
+        assert [w.size(1) for w in windows] == [8, 4, 5, 6, 7, 8] and torch.equal(windows[-1], out[:, -9:-1])
 
 
 @pytest.mark.parametrize('rule, threshold, loops', [('confidence', 0.0, 1), ('confidence', 2.0, 3), ('kl', 1e9, 2),
@@ -353,7 +357,7 @@ def test_generate_stops_looping_where_each_exit_rule_says(rule, threshold, loops
     model = tiny().eval()
     x, _ = tokens()
     _, used = model.generate(x, 3, exit_rule=rule, exit_threshold=threshold)
-    assert used == [loops] * 3
+    assert used.tolist() == [[loops] * 3] * x.size(0)
 
 
 def test_the_latent_rule_in_generate_watches_the_last_positions_state():
@@ -365,7 +369,7 @@ def test_the_latent_rule_in_generate_watches_the_last_positions_state():
     changes = [latent_change(b[:, -1], a[:, -1]).item() for a, b in zip([h0] + states, states)]
     # at the smallest change exactly, the rule first passes at the loop that has it
     _, used = model.generate(x, 1, exit_rule='latent', exit_threshold=min(changes))
-    assert used == [int(np.argmin(changes)) + 1], changes
+    assert used.tolist() == [[int(np.argmin(changes)) + 1]], changes
 
 
 # What the code before the designs (commit 407eef2) computed for tiny() with seed 0 on tokens(): the loss, three

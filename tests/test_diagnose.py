@@ -187,7 +187,7 @@ def test_radial_clamps_on_known_updates():
 def test_lemma_check_on_a_loop_that_doubles_its_input(monkeypatch):
     """A pass h -> 2h is purely radial: s_k = 2^k s_0, radial increment s_{k-1}, no turn at all."""
     model, (x, _) = tiny(), data()
-    monkeypatch.setattr(model, 'loop_step', lambda h: 2 * h)
+    monkeypatch.setattr(model, 'loop_step', lambda h, *cache: 2 * h)
     table = diagnose.lemma_check(model, x, n_loop=5)
     s0 = model.embed(x).pow(2).mean(-1).sqrt().mean().item()
     assert table.shape == (5, 4)

@@ -145,8 +145,8 @@ def test_the_recurrence_is_written_once(monkeypatch):
     before = outputs()
     original = LoopedGPT.loops
 
-    def flipped(self, h, n_loop, intervene=None):  # the same recurrence with every state flipped and tripled
-        for k, h_k in original(self, h, n_loop, intervene):
+    def flipped(self, h, n_loop, intervene=None, cache=None):  # the same recurrence, every state flipped and tripled
+        for k, h_k in original(self, h, n_loop, intervene, cache):
             yield k, -3 * h_k
     monkeypatch.setattr(LoopedGPT, 'loops', flipped)
     after = outputs()
@@ -235,7 +235,7 @@ def test_more_loops_than_trained():
     assert s8['ce'].shape == (8,) and s8['hidden_norm'].shape == (8,)
     assert torch.allclose(s8['ce'][:3], s3['ce'])  # the first loops do not depend on how many follow
     out, loops = model.generate(x[:, :4], max_new_tokens=5, n_loop=8)
-    assert out.shape == (2, 9) and loops == [8] * 5
+    assert out.shape == (2, 9) and loops.tolist() == [[8] * 5] * 2
 
 
 def test_early_exit_rules():
@@ -248,7 +248,7 @@ def test_early_exit_rules():
     x, _ = batch()
     _, always = model.generate(x[:, :4], max_new_tokens=3, exit_rule='confidence', exit_threshold=0.0)
     _, never = model.generate(x[:, :4], max_new_tokens=3, exit_rule='confidence', exit_threshold=1.1)
-    assert always == [1, 1, 1] and never == [3, 3, 3]
+    assert always.tolist() == [[1] * 3] * 2 and never.tolist() == [[3] * 3] * 2
 
 
 def test_sdpa_matches_manual_attention():
@@ -339,23 +339,6 @@ def test_kl_exit_rule_measures_kl_of_this_loop_from_the_previous():
     assert exit_passes('kl', 0.44, p, q).tolist() == [True]    # this loop p, previous loop q: 0.368 <= 0.44
     assert exit_passes('kl', 0.44, q, p).tolist() == [False]   # the other way round: 0.511 > 0.44
 
-
-def test_generate_keeps_looping_until_every_row_may_exit():
-    """A batch exits at the first loop where ALL its rows pass the rule: one confident row must not stop an
-    unsure one. The threshold is put between the two rows' loop-1 confidences, so row 0 alone passes there."""
-    model, (x, _) = tiny().eval(), batch()
-    prompt = x[:, :6]
-    with torch.no_grad():
-        conf = [F.softmax(model.readout_logits(h[:, -1], k), -1).max(-1).values for k, h in model.loops(model.embed(prompt), 3)]
-    conf = torch.stack(conf, 1)                                       # (B, K): top probability per row and loop
-    order = conf[:, 0].argsort(descending=True)
-    prompt, conf = prompt[order], conf[order]                         # row 0 the more confident at loop 1
-    t = (conf[0, 0] + conf[1, 0]).item() / 2
-    passed = (conf >= t).all(0)                                       # loops where both rows pass
-    expected = int(passed.nonzero()[0]) + 1 if passed.any() else 3
-    assert expected > 1
-    _, loops = model.generate(prompt, max_new_tokens=1, exit_rule='confidence', exit_threshold=t)
-    assert loops == [expected]
 
 
 def test_dropout_acts_where_the_authors_put_it(monkeypatch):

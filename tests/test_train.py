@@ -189,7 +189,7 @@ def test_sample_prints_text_at_other_loop_counts(finished_run, capsys):
         torch.manual_seed(1337)
         ids, loops = model.generate(torch.tensor([encode('ROMEO:')]), 20, temperature=0.8, top_k=200, n_loop=n_loop)
         expected[n_loop] = decode(ids[0].tolist())
-        assert loops == [n_loop] * 20
+        assert loops.tolist() == [[n_loop] * 20]
     sample.main(['--out_dir', str(out), '--n_loop=4', '--max_new_tokens=20', '--start=ROMEO:', '--num_samples=1'])
     text = capsys.readouterr().out
     assert expected[4] in text and 'mean loops per token: 4.00 of 4' in text
@@ -208,7 +208,7 @@ def test_show_depth_marks_every_generated_token(finished_run, capsys, monkeypatc
 
     def spy(self, *a, **k):
         idx, used = generate(self, *a, **k)
-        reported.append((idx[0, -len(used):].tolist(), used))
+        reported.append((idx[0, -used.size(1):].tolist(), used[0].tolist()))
         return idx, used
     monkeypatch.setattr(LoopedGPT, 'generate', spy)
     argv = ['--out_dir', str(out), '--max_new_tokens=40', '--start=ROMEO:', '--num_samples=1', '--n_loop=3',
@@ -242,6 +242,40 @@ def test_show_depth_marks_every_generated_token(finished_run, capsys, monkeypatc
     paint = {d: f'\033[38;5;{sample.PALETTE[d - 1]}m' for d in (1, 2, 3)}
     assert 'colour = loop at which the token exited' in seen and all(paint[d] in seen for d in set(used))
     assert sample.show_depth('a', ['b', 'c'], [1, 2], 2, ansi=True).endswith(f"a{paint[1]}b\033[0m{paint[2]}c\033[0m")
+
+
+
+def test_sample_gives_the_same_text_with_and_without_the_cache_and_each_samples_own_depths(finished_run, capsys,
+                                                                                           monkeypatch):
+    """sample.py with its KV cache and with --recompute prints the same samples at a fixed seed and depth, past
+    block_size; with an exit rule and --show_depth each sample of the batch is marked with its own depths."""
+    from looped import LoopedGPT
+    _, out = finished_run
+    argv = ['--out_dir', str(out), '--max_new_tokens=150', '--start=ROMEO:', '--num_samples=2']
+    texts = []
+    for extra in ([], ['--recompute']):
+        sample.main(argv + extra)
+        texts.append(capsys.readouterr().out)
+    assert texts[0] == texts[1] and texts[0].count('---------------') == 2
+    reported, generate = [], LoopedGPT.generate
+
+    def spy(self, *a, **k):
+        idx, depth = generate(self, *a, **k)
+        reported.append((idx, depth))
+        return idx, depth
+    monkeypatch.setattr(LoopedGPT, 'generate', spy)
+    sample.main(['--out_dir', str(out), '--max_new_tokens=60', '--start=ROMEO:', '--num_samples=3', '--n_loop=3',
+                 '--exit=latent', '--exit_threshold=0.3', '--show_depth'])
+    text = capsys.readouterr().out
+    (idx, depth), = reported
+    assert depth.shape == (3, 60) and len(set(depth.flatten().tolist())) == 3  # every loop is some token's exit
+    decode = sample.get_codec(torch.load(out / 'ckpt.pt', weights_only=True)['meta'])[1]
+    blocks = text.split('exited (blank: the prompt)\n')[1:]
+    assert len(blocks) == 3
+    for block, ids, row in zip(blocks, idx[:, -60:].tolist(), depth.tolist()):
+        marks = block.split('---------------')[0].rstrip('\n').split('\n')[1::2]
+        expected = ''.join(str(d) for i, d in zip(ids, row) if decode([i]) != '\n')  # newlines take no column
+        assert ''.join(m.strip() for m in marks) == expected
 
 
 def test_prepare_char_on_a_local_file(tmp_path):

@@ -83,11 +83,11 @@ MUTATIONS = [
 '''),
     ('a3', 'looped.py', 'an inter-loop norm before pass 1 too',
      '''            h_in = h
-            h = self.loop_step(self.pass_input(h_in, e, k, n_loop))  # (B, T, C)''',
+            h = self.loop_step(self.pass_input(h_in, e, k, n_loop), cache, k)  # (B, T, C)''',
      '''            h_in = self.inter_norm(h) if self.inter_norm is not None else h
-            h = self.loop_step(self.pass_input(h_in, e, k, n_loop))  # (B, T, C)'''),
+            h = self.loop_step(self.pass_input(h_in, e, k, n_loop), cache, k)  # (B, T, C)'''),
     ('a3', 'looped.py', 'the pass input skipped (no injection, no truncation)',
-     'h = self.loop_step(self.pass_input(h_in, e, k, n_loop))', 'h = self.loop_step(h_in)'),
+     'h = self.loop_step(self.pass_input(h_in, e, k, n_loop), cache, k)', 'h = self.loop_step(h_in, cache, k)'),
     ('a3', 'looped.py', 'pass_input handed a 0-based pass index (truncated backprop cuts one pass late)',
      'self.pass_input(h_in, e, k, n_loop)', 'self.pass_input(h_in, e, k - 1, n_loop)'),
     ('a3', 'looped.py', 'pass_input handed the pass index plus one (truncated backprop cuts one pass early)',
@@ -99,7 +99,7 @@ MUTATIONS = [
     ('a3', 'looped.py', 'e keeps every row when intervene drops some',
      '                    e = e[keep]\n', ''),
     ('a3', 'looped.py', "intervene's result yielded but not carried on (the pass's own output carried instead)",
-     '''            h = self.loop_step(self.pass_input(h_in, e, k, n_loop))  # (B, T, C)
+     '''            h = self.loop_step(self.pass_input(h_in, e, k, n_loop), cache, k)  # (B, T, C)
             if intervene is not None:
                 h = intervene(k, h_in, h)
                 if isinstance(h, tuple):  # rows left the batch: e must keep the same rows as h for the next pass
@@ -107,7 +107,7 @@ MUTATIONS = [
                     e = e[keep]
             yield k, h
 ''',
-     '''            h = h_pass = self.loop_step(self.pass_input(h_in, e, k, n_loop))  # (B, T, C)
+     '''            h = h_pass = self.loop_step(self.pass_input(h_in, e, k, n_loop), cache, k)  # (B, T, C)
             if intervene is not None:
                 h = intervene(k, h_in, h)
                 if isinstance(h, tuple):  # rows left the batch: e must keep the same rows as h for the next pass
@@ -295,36 +295,36 @@ MUTATIONS = [
     ('a8', 'looped.py', 'concat as h + e (the adapter left out)',
      'self.adapter(torch.cat([h, e], dim=-1))', '(h + e)'),
     ('a8', 'looped.py', "sandwich without post_attn (the attention's sum not normalized)",
-     'x = self.post_attn(x + self.attn(self.norm_1(x)))', 'x = x + self.attn(self.norm_1(x))'),
+     'x = self.post_attn(x + self.attn(self.norm_1(x), kv))', 'x = x + self.attn(self.norm_1(x), kv)'),
     ('a8', 'looped.py', "sandwich without post_mlp (the layer does not end in a norm)",
      'return self.post_mlp(x + self.mlp(self.norm_2(x)))', 'return x + self.mlp(self.norm_2(x))'),
     ('a8', 'looped.py', 'sandwich with the two post-norms swapped',
-     """        x = self.post_attn(x + self.attn(self.norm_1(x)))
+     """        x = self.post_attn(x + self.attn(self.norm_1(x), kv))
         return self.post_mlp(x + self.mlp(self.norm_2(x)))""",
-     """        x = self.post_mlp(x + self.attn(self.norm_1(x)))
+     """        x = self.post_mlp(x + self.attn(self.norm_1(x), kv))
         return self.post_attn(x + self.mlp(self.norm_2(x)))"""),
     ('a8', 'looped.py', 'sandwich with the two pre-norms swapped',
-     """        x = self.post_attn(x + self.attn(self.norm_1(x)))
+     """        x = self.post_attn(x + self.attn(self.norm_1(x), kv))
         return self.post_mlp(x + self.mlp(self.norm_2(x)))""",
-     """        x = self.post_attn(x + self.attn(self.norm_2(x)))
+     """        x = self.post_attn(x + self.attn(self.norm_2(x), kv))
         return self.post_mlp(x + self.mlp(self.norm_1(x)))"""),
     ('a8', 'looped.py', 'post-norm instead of sandwich: norm(x + f(x)), no norm before the sublayer',
-     """        x = self.post_attn(x + self.attn(self.norm_1(x)))
+     """        x = self.post_attn(x + self.attn(self.norm_1(x), kv))
         return self.post_mlp(x + self.mlp(self.norm_2(x)))""",
-     """        x = self.post_attn(x + self.attn(x))
+     """        x = self.post_attn(x + self.attn(x, kv))
         return self.post_mlp(x + self.mlp(x))"""),
     ('a8', 'looped.py', 'the residual left out: norm(f(norm(x)))',
-     'x = self.post_attn(x + self.attn(self.norm_1(x)))', 'x = self.post_attn(self.attn(self.norm_1(x)))'),
+     'x = self.post_attn(x + self.attn(self.norm_1(x), kv))', 'x = self.post_attn(self.attn(self.norm_1(x), kv))'),
     ('a8', 'looped.py', "the MLP reads the block's input (the two sublayers in parallel)",
-     """        x = self.post_attn(x + self.attn(self.norm_1(x)))
+     """        x = self.post_attn(x + self.attn(self.norm_1(x), kv))
         return self.post_mlp(x + self.mlp(self.norm_2(x)))""",
-     """        y = self.post_attn(x + self.attn(self.norm_1(x)))
+     """        y = self.post_attn(x + self.attn(self.norm_1(x), kv))
         return self.post_mlp(y + self.mlp(self.norm_2(x)))"""),
     ('a8', 'looped.py', 'the MLP before the attention',
-     """        x = self.post_attn(x + self.attn(self.norm_1(x)))
+     """        x = self.post_attn(x + self.attn(self.norm_1(x), kv))
         return self.post_mlp(x + self.mlp(self.norm_2(x)))""",
      """        x = self.post_attn(x + self.mlp(self.norm_1(x)))
-        return self.post_mlp(x + self.attn(self.norm_2(x)))"""),
+        return self.post_mlp(x + self.attn(self.norm_2(x), kv))"""),
 ]
 
 

@@ -12,9 +12,9 @@ def recorded(model, scale=1.0):
     inputs, outputs = [], []
     step = model.loop_step
 
-    def wrapped(h):
+    def wrapped(h, *cache):  # generation also hands on its KVCache and the pass index
         inputs.append(h)
-        outputs.append(scale * step(h))
+        outputs.append(scale * step(h, *cache))
         return outputs[-1]
     model.loop_step = wrapped
     return inputs, outputs

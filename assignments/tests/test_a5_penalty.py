@@ -41,7 +41,7 @@ def test_the_model_penalizes_the_states_before_any_inter_loop_norm(recurrence):
     outputs = []
     model = tiny(recurrence=recurrence, norm_penalty=0.01)
     step = model.loop_step
-    model.loop_step = lambda h: outputs.append(step(h)) or outputs[-1]  # record each pass's own output
+    model.loop_step = lambda h, *cache: outputs.append(step(h, *cache)) or outputs[-1]  # each pass's own output
     _, loss, stats = model(x, y)
     expected = stats['ce'].mean() + 0.01 * torch.stack([h.pow(2).mean() for h in outputs]).mean()
     check_close(loss, expected, f"{recurrence} recurrence: the training loss against mean CE + lambda * mean_k "

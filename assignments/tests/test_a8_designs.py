@@ -31,9 +31,9 @@ def recorded(model):
     inputs, outputs = [], []
     step = model.loop_step
 
-    def wrapped(h):
+    def wrapped(h, *cache):  # generation also hands on its KVCache and the pass index
         inputs.append(h)
-        outputs.append(step(h))
+        outputs.append(step(h, *cache))
         return outputs[-1]
     model.loop_step = wrapped
     return inputs, outputs

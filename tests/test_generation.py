@@ -1,0 +1,145 @@
+"""Generation with a KV cache per loop (looped.KVCache, LoopedGPT.next_logprobs and generate): the cache gives the
+tokens and logits of recomputing, each sequence exits at its own loop, a skipped loop's entries are its last run
+loop's, and no sequence reads another's cache."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from looped import KVCache, LoopedConfig, LoopedGPT
+
+BASE = dict(vocab_size=11, block_size=32, n_embd=32, n_head=2, n_layer=2, n_loop=3)
+# every design generate supports: the loop's variants, the layers around it, and sampled depth at its test depth
+DESIGNS = [{}, dict(injection='add'), dict(injection='concat'), dict(n_prelude=1, n_coda=1), dict(block='sandwich'),
+           dict(recurrence='normed'), dict(residual_scale='inverse_k'), dict(depth_sampling='poisson_lognormal'),
+           dict(readout='raw'), dict(attention='manual')]
+
+
+def tiny(seed=0, **kw):
+    torch.manual_seed(seed)
+    return LoopedGPT(LoopedConfig(**{**BASE, **kw})).eval()
+
+
+def prompts(B=2, T=5, seed=1):
+    return torch.randint(BASE['vocab_size'], (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def recorded(model, monkeypatch, **kw):
+    """generate's tokens and depths, and the log-probabilities of every step it took."""
+    steps, step = [], LoopedGPT.next_logprobs
+
+    def spy(self, *a, **k):
+        logp, depth = step(self, *a, **k)
+        steps.append(logp)
+        return logp, depth
+    monkeypatch.setattr(LoopedGPT, 'next_logprobs', spy)
+    idx, depth = model.generate(**kw)
+    monkeypatch.undo()
+    return idx, depth, torch.stack(steps)
+
+
+@pytest.mark.parametrize('design', DESIGNS, ids=lambda d: '-'.join(f'{k}={v}' for k, v in d.items()) or 'default')
+def test_cached_generation_gives_the_recomputed_tokens_and_logits(design, monkeypatch):
+    """Greedy, fp32, no exit rule: 256 new tokens with the cache are recomputing's, step by step to 1e-4 in every
+    log-probability, across the window's restarts (block_size 32: the window restarts every 16 tokens)."""
+    model = tiny(**design)
+    kw = dict(idx=prompts(), max_new_tokens=256, top_k=1)
+    cached, depth, logp_cached = recorded(model, monkeypatch, cache=True, **kw)
+    recomputed, _, logp_recomputed = recorded(model, monkeypatch, cache=False, **kw)
+    assert torch.equal(cached, recomputed)
+    assert (logp_cached - logp_recomputed).abs().max().item() < 1e-4
+    assert depth.tolist() == [[BASE['n_loop']] * 256] * 2
+
+
+def test_a_chunk_after_cached_positions_sees_exactly_its_past():
+    """A prompt fed through the cache in two chunks (the second attends to the first's cached keys under a causal mask
+    offset by their length) gives the last position's logits of one forward pass over all of it."""
+    for attention in ('sdpa', 'manual'):
+        model, x = tiny(attention=attention), prompts(T=12)
+        cache = KVCache(BASE['block_size'])
+        model.next_logprobs(x[:, :7], 3, cache=cache)
+        logp, _ = model.next_logprobs(x, 3, cache=cache)               # positions 7..11 are new
+        full = F.log_softmax(model(x)[0][:, -1], dim=-1)
+        assert torch.allclose(logp, full, atol=1e-5), attention
+
+
+def exit_loops(model, prompt, threshold):
+    """Each row's exit loop under the confidence rule at its last position, from the full forward's readouts: (B,)."""
+    with torch.no_grad():
+        conf = torch.stack([F.softmax(model.next_logits(h, k), -1).max(-1).values
+                            for k, h in model.loops(model.embed(prompt), BASE['n_loop'])], 1)  # (B, K)
+    passes = conf >= threshold
+    return torch.where(passes.any(1), passes.int().argmax(1) + 1, BASE['n_loop'])
+
+
+def split_threshold(model, prompt):
+    """A confidence threshold at which the rows of prompt exit at different loops (one at loop 1), and those loops."""
+    with torch.no_grad():
+        h = next(model.loops(model.embed(prompt), 1))[1]
+        conf = F.softmax(model.next_logits(h, 1), -1).max(-1).values.sort().values  # loop 1, ascending
+    t = (conf[-1] + conf[-2]).item() / 2                            # between the two most confident rows
+    return t, exit_loops(model, prompt, t)
+
+
+@pytest.mark.parametrize('cache', [True, False])
+def test_each_sequence_of_a_batch_exits_at_its_own_loop(cache):
+    """One confident row stops at loop 1 while the others loop on: the depths generate reports are the rows' own
+    exits, not the batch's slowest, and each row's token is its own exit loop's (greedy)."""
+    model, prompt = tiny(seed=3), prompts(B=6, T=6, seed=2)
+    t, want = split_threshold(model, prompt)
+    assert len(set(want.tolist())) > 1 and want.min() == 1
+    out, depth = model.generate(prompt, 1, top_k=1, exit_rule='confidence', exit_threshold=t, cache=cache)
+    assert depth[:, 0].tolist() == want.tolist()
+    with torch.no_grad():
+        states = dict(model.loops(model.embed(prompt), BASE['n_loop']))
+        own = torch.cat([model.next_logits(states[d][b:b + 1], d) for b, d in enumerate(want.tolist())])  # (B, V)
+    assert out[:, -1].tolist() == own.argmax(-1).tolist()
+    logp, _ = model.next_logprobs(prompt, BASE['n_loop'], 'confidence', t, KVCache(BASE['block_size']) if cache else None)
+    assert torch.allclose(logp, F.log_softmax(own, -1), atol=1e-5)  # each row's distribution is its own loop's
+
+
+def test_a_skipped_loops_cache_entries_are_its_last_run_loops():
+    """After a decoded token that exited at loop d, every entry (shared layers and coda) of the loops after d holds
+    loop d's keys and values at that position, and the loops up to d hold their own (really computed) ones."""
+    model, window = tiny(seed=3, n_coda=1), prompts(B=6, T=7, seed=2)
+    cache = KVCache(BASE['block_size'])
+    model.next_logprobs(window[:, :-1], BASE['n_loop'], cache=cache)    # the prefill runs every loop
+    t, want = split_threshold(model, window)
+    _, depth = model.next_logprobs(window, BASE['n_loop'], 'confidence', t, cache)  # the decoded token, position 6
+    assert depth.tolist() == want.tolist() and len(set(want.tolist())) > 1
+    pos, K = cache.length - 1, BASE['n_loop']                       # the decoded token's position
+    for b, d in enumerate(depth.tolist()):
+        for kind, i in [('loop', 0), ('loop', 1), ('coda', 0)]:
+            at = lambda k: torch.cat(cache.kv[kind, k, i])[:, :, pos][[b, b + window.size(0)]]  # keys, values of row b
+            for j in range(d + 1, K + 1):
+                assert torch.equal(at(j), at(d)), (b, d, kind, i, j)
+            for j in range(2, d + 1):
+                assert not torch.equal(at(j), at(j - 1)), (b, d, kind, i, j)
+
+
+@pytest.mark.parametrize('cache', [True, False])
+@pytest.mark.parametrize('rule, threshold', [(None, None), ('kl', 0.005)])
+def test_no_sequence_reads_another_sequences_cache(rule, threshold, cache):
+    """Three prompts generated together give each prompt's tokens and depths generated alone, with and without an
+    exit rule (so with shared entries too)."""
+    model, batch = tiny(seed=4, n_coda=1), prompts(B=3, T=6, seed=5)
+    kw = dict(max_new_tokens=40, top_k=1, exit_rule=rule, exit_threshold=threshold, cache=cache)
+    together, depth = model.generate(batch, **kw)
+    for b in range(batch.size(0)):
+        alone, depth_alone = model.generate(batch[b:b + 1], **kw)
+        assert torch.equal(together[b:b + 1], alone) and torch.equal(depth[b:b + 1], depth_alone), b
+    if rule is not None:
+        assert len(set(depth.flatten().tolist())) > 1  # the rule did exit early somewhere, so sharing was exercised
+
+
+def test_a_prefill_runs_every_loop_whatever_the_exit_rule():
+    """The prompt's positions get every loop's keys and values even where its last position exits at loop 1: the
+    cache after a prefill under an exit rule that always passes holds what a prefill without one holds."""
+    model, prompt = tiny(n_coda=1), prompts(T=9)
+    full, early = KVCache(BASE['block_size']), KVCache(BASE['block_size'])
+    model.next_logprobs(prompt, BASE['n_loop'], cache=full)
+    _, depth = model.next_logprobs(prompt, BASE['n_loop'], 'confidence', 0.0, early)
+    assert depth.tolist() == [1, 1] and early.length == full.length == 9
+    for key, (keys, values) in full.kv.items():
+        assert torch.equal(early.kv[key][0][:, :, :9], keys[:, :, :9]), key
+        assert torch.equal(early.kv[key][1][:, :, :9], values[:, :, :9]), key
