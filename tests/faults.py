@@ -4,13 +4,15 @@ tests/test_faults.py runs a few of each in CI; the README's reliability numbers 
 
     python tests/faults.py --kills=50 --interrupts=20
 
-The kill loop: one run with an evaluation at every step is killed (SIGKILL) again and again and each time
-resumed, as a user would (--resume when there is a checkpoint, --overwrite when the run died before its first
-save); its final log must equal an uninterrupted run's record for record (elapsed_s aside), with no evaluation
-lost or written twice, and the log and checkpoint must belong to one run. The interrupt loop: a 2-process gloo
-torchrun is sent Ctrl-C (SIGINT to its whole process group, as a terminal does) or SIGTERM (to torchrun alone, as
-a cluster scheduler does) at a random moment during training; every try must end with both processes stopped
-at one step and that step's checkpoint saved.
+The kill loop: one run with an evaluation at every step is killed (SIGKILL) again and again, each time at a
+moment it reports (the folder's lock taken, or a randomly chosen step logged, so that a loaded machine moves the
+kill with the run instead of letting the run finish first), and each time resumed, as a user would (--resume when
+there is a checkpoint, --overwrite when the run died before its first save); its final log must equal an
+uninterrupted run's record for record (elapsed_s aside), with no evaluation lost or written twice, and the log
+and checkpoint must belong to one run. The interrupt loop: a 2-process gloo torchrun is sent Ctrl-C (SIGINT to
+its whole process group, as a terminal does) or SIGTERM (to torchrun alone, as a cluster scheduler does) at a
+random moment during training; every try must end with both processes stopped at one step and that step's
+checkpoint saved.
 """
 
 import argparse
@@ -56,6 +58,45 @@ def comparable(log):
     return head, [{k: v for k, v in r.items() if k != 'elapsed_s'} for r in log[1:]]
 
 
+def logged_step(out_dir):
+    """The step of the last record in out_dir's log.jsonl, -1 if it has none; a line still being written is not
+    read (what follows the last newline)."""
+    try:
+        with open(os.path.join(out_dir, 'log.jsonl'), 'rb') as f:
+            lines = f.read().split(b'\n')
+        return json.loads(lines[-2]).get('step', -1) if len(lines) > 1 else -1  # the header has no step
+    except (OSError, ValueError):
+        return -1
+
+
+def holds_lock(out_dir, pid):
+    """Whether process pid holds out_dir's run.lock (it writes its pid there once it has the lock)."""
+    try:
+        with open(os.path.join(out_dir, 'run.lock')) as f:
+            return f.read().strip() == str(pid)
+    except OSError:
+        return False
+
+
+def wait_until(proc, reached, poll=0.005, patience=600):
+    """Poll reached() until it is true (True) or proc has ended (False). patience is no moment of the test, only
+    how long a run that reports nothing may hang before the loop gives up."""
+    deadline = time.time() + patience
+    while proc.poll() is None:
+        if reached():
+            return True
+        if time.time() > deadline:
+            proc.kill()
+            raise AssertionError(f"a run reported nothing for {patience} s")
+        time.sleep(poll)
+    return False
+
+
+# each start is killed at most STEPS_PER_KILL steps past the last step logged before it, and never later than
+# MARGIN steps before the end: the run must still be alive when the kill follows the moment, however fast it runs
+STEPS_PER_KILL, MARGIN = 6, 5
+
+
 def kill_loop(n_kills, data, work, max_iters=None, rng=None, say=print):
     """n_kills SIGKILLs of one run (each followed by a restart), then the run is finished. Returns a dict of
     counts: kills, lost and duplicated records, mixed runs, and whether the log equals the reference run's."""
@@ -64,22 +105,21 @@ def kill_loop(n_kills, data, work, max_iters=None, rng=None, say=print):
     max_iters = max_iters or 20 * n_kills + 20  # long enough that the kills, not the run, end first
     flags = [f'--max_iters={max_iters}', '--eval_interval=1']
     ref, out = os.path.join(work, 'reference'), os.path.join(work, 'killed')
-    t0 = time.time()
     subprocess.run(train_cmd(data, ref, *flags), check=True, capture_output=True)
-    span = time.time() - t0
-    t0 = time.time()
-    subprocess.run(train_cmd(data, os.path.join(work, 'startup'), '--max_iters=1'), check=True, capture_output=True)
-    startup = time.time() - t0
-    per_step = max(span - startup, 0.0) / max_iters
     kills = 0
     while True:
         restart = ['--resume'] if os.path.exists(os.path.join(out, 'ckpt.pt')) else \
             ['--overwrite'] if os.path.exists(os.path.join(out, 'log.jsonl')) else []
+        done = logged_step(out)  # the restart logs only later steps (the log never runs ahead of the checkpoint)
         proc = subprocess.Popen(train_cmd(data, out, *flags, *restart), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         if kills < n_kills:
-            try:  # anywhere from start-up (imports, checkpoint loading, log repair) to a few steps into training
-                proc.wait(timeout=rng.uniform(0.2, startup + 6 * per_step))
-            except subprocess.TimeoutExpired:
+            # The moment is one the run reports, never a time: a clock calibrated on an idle machine let a loaded
+            # one finish before its kill. s == done: once the run holds the folder's lock (its checkpoint loaded,
+            # the log's repair or a fresh header next); s > done: once step s is logged (step s + 1 next). The
+            # kill lands a poll or so later, wherever the run has got to by then.
+            s = rng.randint(done, max(done, min(done + STEPS_PER_KILL, max_iters - MARGIN)))
+            reached = (lambda: holds_lock(out, proc.pid)) if s == done else (lambda: logged_step(out) >= s)
+            if wait_until(proc, reached):
                 proc.kill()
                 kills += 1
         text = proc.communicate()[0].decode()
