@@ -220,9 +220,11 @@ def generation_speed(model, device, cap):
 
 
 def sharing_cost(model, device, rule, threshold):
-    """The exit table's rows: 8 greedy sequences of 256 tokens at full depth, under the exit rule with the cache
-    (skipped loops shared) and recomputing (skipped loops recomputed), each scored by full_depth_score."""
-    prompt, rows = torch.zeros(8, 1, dtype=torch.long, device=device), []
+    """The exit table's rows: 8 greedy sequences of 256 tokens (each after its own random first token) at full
+    depth, under the exit rule with the cache (skipped loops shared) and recomputing (skipped loops recomputed),
+    each scored by full_depth_score."""
+    g, rows = torch.Generator().manual_seed(0), []
+    prompt = torch.randint(model.config.vocab_size, (8, 1), generator=g).to(device)
     runs = (('full depth, no exit', None, True), ('exit, skipped loops shared (cache)', rule, True),
             ('exit, skipped loops recomputed', rule, False))
     for label, exit_rule, cache in runs:
@@ -255,8 +257,8 @@ def generation(mine, args):
                    generation_speed(model, rt.device, mine.recompute_cap)))
     if mine.exit != 'none':
         rows = sharing_cost(model, rt.device, mine.exit, mine.exit_threshold)
-        print(f"\n8 greedy sequences of 256 tokens, exit={mine.exit} threshold {mine.exit_threshold:g}, each scored by "
-              f"the full-depth model ({c.n_loop} loops) on the text it generated:")
+        print(f"\n8 greedy sequences of 256 tokens after a random first token, exit={mine.exit} threshold "
+              f"{mine.exit_threshold:g}, each scored by the full-depth model ({c.n_loop} loops) on its own text:")
         print(markdown(['generation', 'mean loops per token', 'full-depth loss (nats)', 'full-depth greedy agreement'],
                        rows))
 

@@ -49,3 +49,36 @@ def test_suite_on_a_cpu_prints_the_table_and_writes_json(tmp_path):
     rms, raw = (float(v.replace(',', '')) for v in got['blind spot'].split(' (')[0].split(' / '))
     assert rms > 5 * raw
     assert any('peak memory' in s for s in suite['not_measured'])
+
+
+def test_full_depth_score_reads_generates_windows():
+    """Greedy text that generate made at full depth is, token for token, the full-depth model's own greedy choice
+    when full_depth_score reads it back (past block_size, so through the window's restarts), and its loss is the
+    negative log of those top probabilities."""
+    import torch
+    from lab.bench import full_depth_score
+    from looped import LoopedConfig, LoopedGPT
+    torch.manual_seed(0)
+    model = LoopedGPT(LoopedConfig(vocab_size=11, block_size=16, n_embd=32, n_head=2, n_layer=1, n_loop=3)).eval()
+    prompt = torch.randint(11, (3, 5), generator=torch.Generator().manual_seed(1))
+    idx, _ = model.generate(prompt, 60, top_k=1, cache=False)
+    loss, agree = full_depth_score(model, idx, 5, 3)
+    assert agree == 1.0
+    logps, start = [], 0
+    for t in range(5, idx.size(1)):  # the window as generate's docstring states it, recomputed without a cache
+        if t - start > 16:
+            start = t - 8
+        logps.append(model.next_logprobs(idx[:, start:t], 3)[0].max(-1).values)
+    assert abs(loss + torch.stack(logps).mean().item()) < 1e-5
+
+
+def test_generate_benchmark_runs_and_refuses_an_exit_without_a_checkpoint():
+    r = subprocess.run([sys.executable, '-m', 'lab.bench', '--generate', '--n_embd=32', '--n_layer=1',
+                        '--block_size=16', '--recompute_cap=4'], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert '| batch | new tokens | cached tok/s | recomputed tok/s | speed-up |' in r.stdout
+    assert r.stdout.count('(first 4)') == 4
+    r = subprocess.run([sys.executable, '-m', 'lab.bench', '--generate', '--exit=kl', '--exit_threshold=0.1'],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and r.stderr.strip().endswith('--exit needs --ckpt: what sharing costs is measured on a '
+                                                            'trained model')
