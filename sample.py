@@ -10,10 +10,10 @@ Generate text from a trained looped model, at its trained loop count or any othe
     python sample.py --exit=latent --exit_threshold=0.2    # exit when the hidden state stops changing
     python sample.py --recompute                       # no KV cache: rerun the whole context for every token
 
-The samples are generated as one batch, each with its own exits (--show_depth marks each one's), through a KV cache
-per loop (looped.py: KVCache; a token that exits early shares its last loop's keys and values with the loops it
-skipped). Not here: the exit rules themselves (looped.py: exit_passes) and their calibration and measured speed
-(lab/diagnose.py), the cache against recomputing (python -m lab.bench --generate). It needs looped.py, lab/ and
+The samples are generated as one batch, each with its own exits (--show_depth marks each one's), by
+lab/engine.py: a KV cache per loop, the exit rules, and the sharing of a skipped loop's keys and values.
+Not here: the exits' calibration and measured speed (lab/diagnose.py), the cache against recomputing
+(python -m lab.bench --generate). It needs looped.py, lab/ and
 data/common.py beside it (no dataset).
 """
 
@@ -23,10 +23,10 @@ import sys
 
 import torch
 
+from lab.engine import EXITS, generate
 from lab.report import at_least, one_line_errors
 from lab.runs import condition_name, load_model
 from lab.runtime import resolve_device
-from looped import EXITS
 
 
 def get_codec(meta):
@@ -144,7 +144,7 @@ def main(argv=None):
           f"sampling with {n_loop} loops per token")
     x = torch.tensor(ids, dtype=torch.long, device=device)[None, :].repeat(args.num_samples, 1)  # (num_samples, T)
     exit_rule = None if args.exit == 'none' else args.exit
-    y, depth = model.generate(x, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, n_loop=n_loop,
+    y, depth = generate(model, x, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, n_loop=n_loop,
                               exit_rule=exit_rule, exit_threshold=args.exit_threshold, cache=not args.recompute)
     for row, used in zip(y.tolist(), depth.tolist()):  # each sample with the loops its own tokens exited at
         if args.show_depth:

@@ -3,7 +3,12 @@ The named configurations of train.py --config: sizes, steps, evaluation and lear
 on the command line overrides its value here; the model flags themselves are described in looped.LoopedConfig.
 """
 
+import inspect
 import math
+import re
+from dataclasses import fields
+
+from looped import LoopedConfig
 
 # 'laptop' is the default: on a 2-core CPU it trains, evaluates and checkpoints in a few minutes and its log shows
 # the blind spot.
@@ -44,3 +49,28 @@ def steps_from_epochs(epochs, n_tokens, block_size, global_batch):
     stride = block_size // 2
     windows = (n_tokens - block_size - 1) // stride + 1
     return math.ceil(epochs * windows / global_batch), windows
+
+
+# ---- the model's flags and names, derived from looped.LoopedConfig's fields
+#
+# Every field is a train.py flag whose help is the field's own comment in looped.py. Every field that is not
+# the shape or an implementation choice is a variant: a run folder's name and a condition's name (lab/runs.py)
+# list the variants that differ from their defaults. A new field is a variant, named 'field_value', with no
+# entry here; the tables below only keep the names that the committed runs already have.
+
+NOT_VARIANTS = ('vocab_size', 'block_size', 'n_embd', 'n_head', 'n_layer', 'n_loop', 'dropout',
+                'tie_weights', 'attention', 'norm_eps')
+TAGS = {'alpha': 'alpha', 'norm_penalty': 'pen', 'n_prelude': 'prelude', 'n_coda': 'coda', 'bptt': 'bptt'}
+LABELS = {'alpha': ' {v}', 'norm_penalty': ' + penalty {v}', 'init': ' ({v} init)'}
+NAMED = {('norm_penalty', 0.01): ' + penalty'}  # the paper's penalty, as the grids' tables name it
+
+
+def variant_fields():
+    """The LoopedConfig fields that make a condition, in their order."""
+    return [f for f in fields(LoopedConfig) if f.name not in NOT_VARIANTS]
+
+
+def field_help():
+    """{field: its comment in looped.py's LoopedConfig}: the help of train.py's flags."""
+    source = inspect.getsource(LoopedConfig)
+    return dict(re.findall(r'^    (\w+): [^=\n]+=[^#\n]+#\s*(.+)$', source, flags=re.M))

@@ -31,7 +31,7 @@ from data.common import check_same_data, check_writable, read_dataset
 from lab.report import at_least, markdown, pyplot, save_figure, tool_parser
 from lab.runs import condition_name, load_model
 from lab.runtime import resolve_device, synchronize
-from looped import EXITS, latent_change
+from lab.engine import EXITS, latent_change
 
 PROG = 'python -m lab.diagnose'
 
@@ -71,15 +71,15 @@ def angle_deg(a, b):
     return torch.rad2deg(2 * torch.atan2((u - v).norm(dim=-1), (u + v).norm(dim=-1)))
 
 
-def passes(model, x, n_loop, intervene=None):
+def passes(model, x, n_loop, clamp=None):
     """(k, h_in, h_k) for every pass through LoopedGPT.loops: what the pass started from (h_{k-1}, or its RMSNorm
-    under 'normed' recurrence) and what it produced, after intervene if one is given."""
+    under 'normed' recurrence) and what it produced, after clamp(k, h_in, h_k) -> h_k if one is given."""
     inputs = []
 
-    def record(k, h_in, h):  # keeps what each pass started from, which the loop itself does not hand out
+    def record(k, h_in, h, e):  # keeps what each pass started from, which the loop itself does not hand out
         inputs.append(h_in)
-        return h if intervene is None else intervene(k, h_in, h)
-    for k, h in model.loops(model.embed(x), n_loop, intervene=record):
+        return (h if clamp is None else clamp(k, h_in, h)), e
+    for k, h in model.loops(model.embed(x), n_loop, edit=record):
         yield k, inputs[-1], h
 
 
@@ -108,7 +108,7 @@ def per_token_depth_stats(model, x, y, n_loop, batch_size=32):
 
 
 def exit_depths(rule, threshold, pmax, kl, K, latent=None):
-    """The loop (1..K) at which each token exits under a rule (looped.exit_passes, on precomputed signals):
+    """The loop (1..K) at which each token exits under a rule (lab/engine.py's exit_passes, on precomputed signals):
     the first loop whose top probability reaches the threshold ('confidence'), or whose KL to the previous
     loop ('kl') or relative change of the state ('latent') falls to it; K where the rule never passes.
     pmax, kl, latent: (tokens, >= K). Returns (tokens,) ints."""
@@ -224,10 +224,10 @@ def _exit_run(model, x, y, K, score, threshold, batch_size, device):
     for i in range(0, len(x), batch_size):
         xb, yb = x[i:i + batch_size].to(device), y[i:i + batch_size].to(device)
 
-        def leave(k, h_in, h):  # runs inside LoopedGPT.loops after pass k: the exiting rows leave h (and e)
+        def leave(k, h_in, h, e):  # runs inside LoopedGPT.loops after pass k: the exiting rows leave h and e
             nonlocal total_ce, total_loops, targets, h_prev
             if score is None and k < K:
-                return h
+                return h, e
             logp = None if score == 'latent' and k < K else readout_logp(model, h, k)  # (b, T, V)
             done = SCORES[score](logp, h, h_prev).mean(-1) >= threshold if score is not None and k < K \
                 else torch.ones(len(h), dtype=torch.bool, device=h.device)
@@ -236,9 +236,9 @@ def _exit_run(model, x, y, K, score, threshold, batch_size, device):
                 total_ce += -logp.gather(-1, targets[done].unsqueeze(-1)).sum().item()
             total_loops += k * int(done.sum())
             targets, h_prev = targets[~done], h[~done]
-            return h[~done], ~done
+            return h[~done], e[~done]
         h_prev, targets = model.embed(xb), yb  # the last states and targets of the sequences still in the batch
-        for k, h in model.loops(h_prev, K, intervene=leave):
+        for k, h in model.loops(h_prev, K, edit=leave):
             if len(h) == 0:
                 break
     synchronize(device.type)
@@ -383,7 +383,7 @@ def radial_gradient(model, x, y, K):
 
 
 def clamp(mode):
-    """An intervene(k, h_in, h_k) for LoopedGPT.loops that takes the radial part out of each loop's update:
+    """A clamp(k, h_in, h_k) -> h_k for diagnose.passes that takes the radial part out of each loop's update:
     'freeze' rescales every loop after the first to the per-token norm it started from (so all keep loop 1's);
     'remove_radial' subtracts from each update delta = h_k - h_in its component a * u along u = h_in / RMS(h_in),
     a = mean(u * delta) per token; 'none' changes nothing."""

@@ -37,6 +37,7 @@ from dataclasses import fields
 import torch
 
 from data.common import write_atomically
+from lab.configs import LABELS, NAMED, TAGS, variant_fields
 from lab.runtime import fmt_mfu
 from looped import LoopedConfig, LoopedGPT
 
@@ -80,33 +81,33 @@ def load_model(path, device='cpu'):
     return model.to(device).eval(), ckpt
 
 
-# ---- names: a run's folder and its condition, both derived from the variant fields (LoopedConfig.variants)
+# ---- names: a run's folder and its condition, both derived from the variant fields (lab/configs.py)
 
 def _value(v):
     return f"{v:g}" if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
 
 
 def name_part(f, value):
-    """A variant field's part of a run folder's name: its tag then its value ('pen0.01'); a field without a tag
-    is named by its own name ('readout_raw'), so that every part says which field it comes from."""
-    return (f.name + '_' if f.metadata['tag'] is None else f.metadata['tag']) + _value(value)
+    """A variant field's part of a run folder's name: its tag then its value ('pen0.01'); a field
+    without a tag is named by its own name ('readout_raw'), so every part says which field it is."""
+    return (f.name + '_' if f.name not in TAGS else TAGS[f.name]) + _value(value)
 
 
 def label_part(f, value):
-    """A variant field's part of a condition's name: its label, a format string of the value ('+ penalty 0.1'),
-    by default ' + <value>' (or ' + <tag><value>'); a value in the field's `named` has a fixed one."""
-    m = f.metadata
-    if value in m['named']:  # the paper's penalty is named '+ penalty' alone, as the grids and their tables say
-        return m['named'][value]
-    return (m['label'] or (' + {v}' if m['tag'] is None else ' + ' + m['tag'] + '{v}')).format(v=_value(value))
+    """A variant field's part of a condition's name: its label, a format string of the value
+    (' + penalty 0.1'), by default ' + <value>' (or ' + <tag><value>'); some values have a fixed one."""
+    if (f.name, value) in NAMED:  # the paper's penalty is '+ penalty' alone, as the grids say
+        return NAMED[f.name, value]
+    default = ' + {v}' if f.name not in TAGS else ' + ' + TAGS[f.name] + '{v}'
+    return LABELS.get(f.name, default).format(v=_value(value))
 
 
 def condition_name(cfg):
-    """A model's condition from its config as a dict (to_dict(), or the one in a run's log): 'supervision +
-    readout', then every other variant not at its default ('per_loop + rmsnorm + normed'); a field that an older
-    log lacks is at its default."""
+    """A model's condition from its config as a dict (to_dict(), or the one in a run's log):
+    'supervision + readout', then every other variant not at its default ('per_loop + rmsnorm +
+    normed'); a field that an older log lacks is at its default."""
     name = f"{cfg['supervision']} + {cfg['readout']}"
-    for f in LoopedConfig.variants():
+    for f in variant_fields():
         value = cfg.get(f.name, f.default)
         if f.name not in ('supervision', 'readout') and value != f.default:
             name += label_part(f, value)
@@ -114,9 +115,9 @@ def condition_name(cfg):
 
 
 def run_name(config_name, values):
-    """The default out_dir of a run: out/<config>, then the name part of every variant not at its default
-    (out/laptop-readout_raw-pen0.01)."""
-    parts = [config_name] + [name_part(f, values[f.name]) for f in LoopedConfig.variants()
+    """The default out_dir of a run: out/<config>, then the name part of every variant not at its
+    default (out/laptop-readout_raw-pen0.01)."""
+    parts = [config_name] + [name_part(f, values[f.name]) for f in variant_fields()
                              if values[f.name] != f.default]
     return os.path.join('out', '-'.join(parts))
 

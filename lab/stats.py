@@ -17,12 +17,12 @@ import math
 
 import numpy as np
 
-from looped import LoopedConfig
+from lab.configs import variant_fields
 
 REFERENCE = 'per_loop + rmsnorm'  # the scale-invariant readout that claim 4's variants are measured against
 LEVEL = 0.95
 # the flags that make a condition; two runs that agree on everything else and share a seed are a pair
-CONDITION_KEYS = tuple(f.name for f in LoopedConfig.variants())
+CONDITION_KEYS = tuple(f.name for f in variant_fields())
 
 
 def t_cdf(x, df):

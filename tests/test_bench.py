@@ -57,18 +57,19 @@ def test_full_depth_score_reads_generates_windows():
     negative log of those top probabilities."""
     import torch
     from lab.bench import full_depth_score
+    from lab.engine import generate, next_logprobs
     from looped import LoopedConfig, LoopedGPT
     torch.manual_seed(0)
     model = LoopedGPT(LoopedConfig(vocab_size=11, block_size=16, n_embd=32, n_head=2, n_layer=1, n_loop=3)).eval()
     prompt = torch.randint(11, (3, 5), generator=torch.Generator().manual_seed(1))
-    idx, _ = model.generate(prompt, 60, top_k=1, cache=False)
+    idx, _ = generate(model, prompt, 60, top_k=1, cache=False)
     loss, agree = full_depth_score(model, idx, 5, 3)
     assert agree == 1.0
     logps, start = [], 0
     for t in range(5, idx.size(1)):  # the window as generate's docstring states it, recomputed without a cache
         if t - start > 16:
             start = t - 8
-        logps.append(model.next_logprobs(idx[:, start:t], 3)[0].max(-1).values)
+        logps.append(next_logprobs(model, idx[:, start:t], 3)[0].max(-1).values)
     assert abs(loss + torch.stack(logps).mean().item()) < 1e-5
 
 

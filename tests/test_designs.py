@@ -17,7 +17,9 @@ from lab import grid
 import train
 from conftest import ROOT
 from lab.runs import condition_name, load_model
-from looped import Block, LoopedConfig, LoopedGPT, exit_passes, latent_change, sampled_depth
+from lab import engine
+from lab.engine import exit_passes, generate, latent_change
+from looped import Block, LoopedConfig, LoopedGPT, sampled_depth
 
 BASE = dict(vocab_size=11, block_size=8, n_embd=16, n_head=2, n_layer=1, n_loop=3)
 
@@ -287,7 +289,8 @@ def test_the_latent_rule_on_hand_made_states():
 def test_the_exit_benchmark_drops_exited_rows_of_e_too():
     """The per-sequence benchmark removes exited sequences from the batch mid-loop; the injected e must follow."""
     from lab import diagnose
-    for injection in ('add', 'concat'):
+    from looped import CHOICES
+    for injection in CHOICES['injection'][1:]:  # every injection there is: each adds e to a pass
         model = tiny(injection=injection).eval()
         x, y = tokens(B=6)
         for score in diagnose.SCORES:
@@ -306,7 +309,7 @@ def test_generate_with_top_k_1_is_greedy_at_any_temperature():
     outs = []
     for seed, temperature in ((1, 1.0), (2, 5.0)):
         torch.manual_seed(seed)
-        outs.append(model.generate(x, 5, temperature=temperature, top_k=1)[0])
+        outs.append(generate(model, x, 5, temperature=temperature, top_k=1)[0])
     assert torch.equal(outs[0], outs[1])
     idx = x
     for _ in range(5):  # greedy by hand
@@ -323,7 +326,7 @@ def test_generate_samples_only_among_the_top_k():
     seen = set()
     for seed in range(60):
         torch.manual_seed(seed)
-        seen.add(model.generate(x, 1, top_k=3, temperature=100.0)[0][0, -1].item())  # flat among the 3
+        seen.add(generate(model, x, 1, top_k=3, temperature=100.0)[0][0, -1].item())  # flat among the 3
     assert seen == allowed, (seen, allowed)
 
 
@@ -333,7 +336,7 @@ def test_generate_temperature_sharpens_and_flattens():
     draws = {}
     for temperature in (0.05, 100.0):
         torch.manual_seed(0)
-        draws[temperature] = {model.generate(x, 1, temperature=temperature)[0][0, -1].item() for _ in range(80)}
+        draws[temperature] = {generate(model, x, 1, temperature=temperature)[0][0, -1].item() for _ in range(80)}
     assert len(draws[0.05]) <= 2 < len(draws[100.0]), draws
 
 
@@ -342,11 +345,11 @@ def test_generate_crops_the_context_at_block_size(monkeypatch):
     newest block_size // 2 (the same with the cache and without)."""
     model = tiny().eval()
     long = torch.randint(11, (1, 3 * BASE['block_size']))
-    step = LoopedGPT.next_logprobs
+    step = engine.next_logprobs
     for cache in (True, False):
         windows = []
-        monkeypatch.setattr(LoopedGPT, 'next_logprobs', lambda self, w, *a: windows.append(w) or step(self, w, *a))
-        out, _ = model.generate(long, 6, top_k=1, cache=cache)
+        monkeypatch.setattr(engine, 'next_logprobs', lambda self, w, *a: windows.append(w) or step(self, w, *a))
+        out, _ = generate(model, long, 6, top_k=1, cache=cache)
         assert torch.equal(windows[0], long[:, -BASE['block_size']:])
         assert [w.size(1) for w in windows] == [8, 4, 5, 6, 7, 8] and torch.equal(windows[-1], out[:, -9:-1])
 
@@ -356,7 +359,7 @@ def test_generate_crops_the_context_at_block_size(monkeypatch):
 def test_generate_stops_looping_where_each_exit_rule_says(rule, threshold, loops):
     model = tiny().eval()
     x, _ = tokens()
-    _, used = model.generate(x, 3, exit_rule=rule, exit_threshold=threshold)
+    _, used = generate(model, x, 3, exit_rule=rule, exit_threshold=threshold)
     assert used.tolist() == [[loops] * 3] * x.size(0)
 
 
@@ -368,7 +371,7 @@ def test_the_latent_rule_in_generate_watches_the_last_positions_state():
         states = [h for _, h in model.loops(h0, 3)]
     changes = [latent_change(b[:, -1], a[:, -1]).item() for a, b in zip([h0] + states, states)]
     # at the smallest change exactly, the rule first passes at the loop that has it
-    _, used = model.generate(x, 1, exit_rule='latent', exit_threshold=min(changes))
+    _, used = generate(model, x, 1, exit_rule='latent', exit_threshold=min(changes))
     assert used.tolist() == [[int(np.argmin(changes)) + 1]], changes
 
 
@@ -429,4 +432,4 @@ def test_inverse_k_residual_scale_divides_each_pass_update_by_k():
     scaled.load_state_dict(plain.state_dict())
     h = torch.randn(2, 8, 16)
     with torch.no_grad():
-        assert torch.allclose(scaled.loop_step(h), h + (plain.loop_step(h) - h) / 3, atol=1e-6)
+        assert torch.allclose(next(scaled.loops(h, 1))[1], h + (plain.loop_step(h) - h) / 3, atol=1e-6)

@@ -132,8 +132,8 @@ def test_radial_gradient_training_column_is_the_gradient_of_the_training_loss():
     model, (x, y) = tiny(readout='raw', norm_penalty=0.01), data()
     frac = diagnose.radial_gradient(model, x, y, 3)
     states, real_loops = [], model.loops
-    def loops(h, n_loop, intervene=None):
-        for k, h_k in real_loops(h, n_loop, intervene):
+    def loops(h, n_loop, edit=None):
+        for k, h_k in real_loops(h, n_loop, edit):
             h_k.retain_grad()
             states.append(h_k)
             yield k, h_k

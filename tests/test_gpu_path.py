@@ -11,6 +11,7 @@ from torch._inductor.utils import run_and_get_code
 
 from lab.runs import load_model
 from lab.runtime import compile_regions
+from lab.engine import generate
 from looped import LoopedConfig, LoopedGPT
 from test_train import read_log, run_train
 
@@ -36,9 +37,9 @@ def test_bf16_compiled_training_tracks_fp32_eager_and_resumes(small_data, tmp_pa
     # generation with compiled blocks gives the eager model's tokens (greedy, so no sampling noise)
     model, _ = load_model(str(tmp_path / 'bf16'))
     start = torch.zeros(1, 3, dtype=torch.long)
-    eager, _ = model.generate(start, 6, top_k=1, n_loop=4)
+    eager, _ = generate(model, start, 6, top_k=1, n_loop=4)
     compile_regions(model)
-    compiled, loops = model.generate(start, 6, top_k=1, n_loop=4)
+    compiled, loops = generate(model, start, 6, top_k=1, n_loop=4)
     assert torch.equal(eager, compiled) and loops.tolist() == [[4] * 6]
 
 

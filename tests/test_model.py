@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from looped import AlphaNorm, LoopedConfig, LoopedGPT, Readout, exit_passes
+from lab.engine import exit_passes, generate
+from looped import AlphaNorm, LoopedConfig, LoopedGPT, Readout
 
 torch.set_default_dtype(torch.float32)
 
@@ -80,13 +81,13 @@ def test_penalty_gradient_is_radial():
 
 
 def pass_inputs(model, x, scale):
-    """What each pass starts from when every pass's output is multiplied by scale (through loops' intervene)."""
+    """What each pass starts from when every pass's output is multiplied by scale (through loops' edit)."""
     inputs = []
 
-    def scaled(k, h_in, h):
+    def scaled(k, h_in, h, e):
         inputs.append(h_in)
-        return scale * h
-    states = [h for _, h in model.loops(model.embed(x), model.config.n_loop, intervene=scaled)]
+        return scale * h, e
+    states = [h for _, h in model.loops(model.embed(x), model.config.n_loop, edit=scaled)]
     return inputs, states
 
 
@@ -139,14 +140,14 @@ def test_the_recurrence_is_written_once(monkeypatch):
     def outputs():
         torch.manual_seed(0)
         _, loss, stats = model(x, y)
-        sampled, _ = model.generate(x[:, :4], max_new_tokens=8)
+        sampled, _ = generate(model, x[:, :4], max_new_tokens=8)
         ce = diagnose.per_token_depth_stats(model, x, y, 3)[0]
         return stats['hidden_norm'], loss, sampled, ce
     before = outputs()
     original = LoopedGPT.loops
 
-    def flipped(self, h, n_loop, intervene=None, cache=None):  # the same recurrence, every state flipped and tripled
-        for k, h_k in original(self, h, n_loop, intervene, cache):
+    def flipped(self, h, n_loop, edit=None, cache=None):  # the same recurrence, every state flipped and tripled
+        for k, h_k in original(self, h, n_loop, edit, cache):
             yield k, -3 * h_k
     monkeypatch.setattr(LoopedGPT, 'loops', flipped)
     after = outputs()
@@ -234,7 +235,7 @@ def test_more_loops_than_trained():
     _, _, s8 = model(x, y, n_loop=8)
     assert s8['ce'].shape == (8,) and s8['hidden_norm'].shape == (8,)
     assert torch.allclose(s8['ce'][:3], s3['ce'])  # the first loops do not depend on how many follow
-    out, loops = model.generate(x[:, :4], max_new_tokens=5, n_loop=8)
+    out, loops = generate(model, x[:, :4], max_new_tokens=5, n_loop=8)
     assert out.shape == (2, 9) and loops.tolist() == [[8] * 5] * 2
 
 
@@ -246,8 +247,8 @@ def test_early_exit_rules():
     assert exit_passes('kl', 1e-3, logp, logp.flip(0)).tolist() == [False, False]
     model = tiny().eval()
     x, _ = batch()
-    _, always = model.generate(x[:, :4], max_new_tokens=3, exit_rule='confidence', exit_threshold=0.0)
-    _, never = model.generate(x[:, :4], max_new_tokens=3, exit_rule='confidence', exit_threshold=1.1)
+    _, always = generate(model, x[:, :4], max_new_tokens=3, exit_rule='confidence', exit_threshold=0.0)
+    _, never = generate(model, x[:, :4], max_new_tokens=3, exit_rule='confidence', exit_threshold=1.1)
     assert always.tolist() == [[1] * 3] * 2 and never.tolist() == [[3] * 3] * 2
 
 

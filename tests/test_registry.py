@@ -12,7 +12,8 @@ import torch.nn as nn
 
 from conftest import ROOT
 from lab.runs import condition_name, label_part, name_part, run_name
-from looped import LoopedConfig, LoopedGPT, knob
+from lab import configs
+from looped import LoopedConfig, LoopedGPT
 
 BASE = dict(vocab_size=11, block_size=8, n_embd=16, n_head=2, n_layer=1, n_loop=3)
 
@@ -87,17 +88,26 @@ def test_flops_per_token_counts_each_module_by_hand():
     assert terminal.flops_per_token() == expected
 
 
-def test_a_choice_field_names_its_run_by_field_and_a_tag_works_on_any_field():
+def test_a_choice_field_names_its_run_by_field_and_a_tag_works_on_any_field(monkeypatch):
     @dataclass
     class Trial:
-        loop_embedding: str = knob('none', 'a trial design', ('none', 'learned'))
-        kind: str = knob('a', 'a text field with a tag', tag='kind')
-        width: int = knob(0, 'a number with a tag and a label', tag='w', label=' + width {v}')
+        loop_embedding: str = 'none'  # a trial design
+        kind: str = 'a'  # a text field with a tag
+        width: int = 0  # a number with a tag and a label
+    monkeypatch.setitem(configs.TAGS, 'kind', 'kind')
+    monkeypatch.setitem(configs.TAGS, 'width', 'w')
+    monkeypatch.setitem(configs.LABELS, 'width', ' + width {v}')
     choice, text, number = fields(Trial)
     assert name_part(choice, 'learned') == 'loop_embedding_learned'
     assert name_part(text, 'b') == 'kindb' and label_part(text, 'b') == ' + kindb'
     assert name_part(number, 3) == 'w3' and label_part(number, 3) == ' + width 3'
     assert label_part(choice, 'learned') == ' + learned'
+
+
+def test_every_config_field_has_a_comment_that_becomes_its_flags_help():
+    helps = configs.field_help()
+    for field in fields(LoopedConfig):
+        assert helps.get(field.name, '').strip(), f"LoopedConfig.{field.name} has no comment (its --help)"
 
 
 def test_run_names_and_condition_names_of_the_existing_variants():
@@ -117,3 +127,25 @@ def test_usage_and_the_model_docstring_name_every_config_field():
     for field in fields(LoopedConfig):
         assert re.search(rf'`(--)?{field.name}`', table), f"docs/usage.md's flag table does not name {field.name}"
         assert re.search(rf'\b{field.name}\b', docstring), f"looped.py's docstring does not name {field.name}"
+
+
+def test_the_usage_flag_table_gives_every_flag_and_exactly_each_text_fields_choices():
+    """docs/usage.md's flag table: every LoopedConfig field but vocab_size (set from the data) in a
+    row's flag column, and each text field in a row of its own whose default is CHOICES' first value
+    and whose quoted values are exactly looped.CHOICES[field]."""
+    from looped import CHOICES
+    with open(os.path.join(ROOT, 'docs', 'usage.md')) as f:
+        lines = [line for line in f.read().splitlines() if line.startswith('| `--')]
+    rows = {}
+    for line in lines:
+        _, flags, default, values, _ = re.split(r'(?<!\\)\|', line)  # '\|' is a bar inside a cell
+        rows[tuple(re.findall(r'`--(\w+)`', flags))] = (default.strip(), values)
+    in_table = {name for flags in rows for name in flags}
+    missing = {f.name for f in fields(LoopedConfig)} - {'vocab_size'} - in_table
+    assert not missing, f"docs/usage.md's flag table has no row for {', '.join(sorted(missing))}"
+    for name, allowed in CHOICES.items():
+        assert (name,) in rows, f"docs/usage.md's flag table: --{name} has no row of its own"
+        default, values = rows[name,]
+        assert default == f'`{allowed[0]}`', (name, default)
+        named = set(re.findall(r'`(\w+)`', default + values))
+        assert named == set(allowed), f"--{name}: the table says {sorted(named)}, looped.CHOICES {allowed}"

@@ -22,6 +22,7 @@ from lab import norm_course
 import plot_norms
 import sample
 import train
+from lab.engine import generate as engine_generate
 from conftest import ROOT, char_prepare
 
 TINY = ['--n_layer=1', '--n_embd=32', '--n_head=2', '--n_loop=2', '--block_size=16', '--batch_size=4',
@@ -187,7 +188,7 @@ def test_sample_prints_text_at_other_loop_counts(finished_run, capsys):
     expected = {}
     for n_loop in (2, 4):
         torch.manual_seed(1337)
-        ids, loops = model.generate(torch.tensor([encode('ROMEO:')]), 20, temperature=0.8, top_k=200, n_loop=n_loop)
+        ids, loops = engine_generate(model, torch.tensor([encode('ROMEO:')]), 20, temperature=0.8, top_k=200, n_loop=n_loop)
         expected[n_loop] = decode(ids[0].tolist())
         assert loops.tolist() == [[n_loop] * 20]
     sample.main(['--out_dir', str(out), '--n_loop=4', '--max_new_tokens=20', '--start=ROMEO:', '--num_samples=1'])
@@ -202,15 +203,14 @@ def test_sample_prints_text_at_other_loop_counts(finished_run, capsys):
 def test_show_depth_marks_every_generated_token(finished_run, capsys, monkeypatch):
     """Without a terminal: a line of loop digits under each line of text, one digit per generated character,
     and the digits are the loops generate() reports; in a terminal: one colour per loop, with a legend."""
-    from looped import LoopedGPT  # the class lab.runs.load_model builds, which sample.py no longer imports
     _, out = finished_run
-    reported, generate = [], LoopedGPT.generate
+    reported, generate = [], sample.generate  # lab.engine's, as sample.py imports it
 
-    def spy(self, *a, **k):
-        idx, used = generate(self, *a, **k)
+    def spy(model, *a, **k):
+        idx, used = generate(model, *a, **k)
         reported.append((idx[0, -used.size(1):].tolist(), used[0].tolist()))
         return idx, used
-    monkeypatch.setattr(LoopedGPT, 'generate', spy)
+    monkeypatch.setattr(sample, 'generate', spy)
     argv = ['--out_dir', str(out), '--max_new_tokens=40', '--start=ROMEO:', '--num_samples=1', '--n_loop=3',
             '--exit=kl', '--exit_threshold=1e-3', '--show_depth']
     sample.main(argv)
@@ -257,13 +257,13 @@ def test_sample_gives_the_same_text_with_and_without_the_cache_and_each_samples_
         sample.main(argv + extra)
         texts.append(capsys.readouterr().out)
     assert texts[0] == texts[1] and texts[0].count('---------------') == 2
-    reported, generate = [], LoopedGPT.generate
+    reported, generate = [], sample.generate
 
-    def spy(self, *a, **k):
-        idx, depth = generate(self, *a, **k)
+    def spy(model, *a, **k):
+        idx, depth = generate(model, *a, **k)
         reported.append((idx, depth))
         return idx, depth
-    monkeypatch.setattr(LoopedGPT, 'generate', spy)
+    monkeypatch.setattr(sample, 'generate', spy)
     sample.main(['--out_dir', str(out), '--max_new_tokens=60', '--start=ROMEO:', '--num_samples=3', '--n_loop=3',
                  '--exit=latent', '--exit_threshold=0.3', '--show_depth'])
     text = capsys.readouterr().out

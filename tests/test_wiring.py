@@ -11,9 +11,9 @@ import torch.nn.functional as F
 
 import train
 from lab.stats import paired_stats
-from looped import LoopedConfig, LoopedGPT, Readout
+from looped import CHOICES, LoopedConfig, LoopedGPT, Readout
 
-READOUTS = LoopedConfig.choices('readout')
+READOUTS = CHOICES['readout']
 TINY = ['--n_layer=1', '--n_embd=32', '--n_head=2', '--n_loop=2', '--block_size=16', '--eval_iters=2',
         '--log_interval=1', '--device=cpu', '--compile=False']
 

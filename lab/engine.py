@@ -1,0 +1,136 @@
+"""
+Generation's engine: a KV cache per layer and loop, per-sequence early exit, and the exit rules.
+
+looped.py's LoopedGPT.generate is the reference: every token reruns the whole window through a fixed
+number of loops. This module gives the same tokens at a fixed depth (tests/test_generation.py pins
+it) while a new token runs its loops over one position, and lets each sequence of a batch stop
+looping at its own loop once an exit rule passes:
+
+    confidence   the top probability reaches the threshold
+    kl           KL(p_k || p_{k-1}) falls to the threshold or below
+    latent       ||h_k - h_{k-1}|| / ||h_{k-1}|| does (Huginn's and looped_nanochat's rule)
+
+The shared stack sees another state at every loop, so the cache keeps one entry per layer and loop.
+A token that exits at loop d ran no later loop: each later loop's entry at its position takes loop
+d's keys and values (Huginn's sharing), since running them to fill the cache would undo the exit.
+The window is the last block_size tokens and, once full, restarts from its newest half, recomputed:
+a rolling window cannot be cached, as every kept token's position would shift.
+
+Used by sample.py, lab/bench.py (--generate) and lab/diagnose.py (the exit rules).
+"""
+
+import torch
+import torch.nn.functional as F
+
+from looped import sample
+
+EXITS = ('confidence', 'kl', 'latent')
+
+
+def latent_change(h, h_prev):
+    """||h - h_prev|| / ||h_prev|| over the last dimension, in float32: (..., C) -> (...)."""
+    h, h_prev = h.float(), h_prev.float()
+    return (h - h_prev).norm(dim=-1) / h_prev.norm(dim=-1).clamp_min(1e-12)
+
+
+def exit_passes(rule, threshold, logp, logp_prev, h=None, h_prev=None):
+    """Whether an exit rule passes at one loop: logp, logp_prev (..., V) are this loop's and the last
+    loop's log-probabilities, h, h_prev (..., C) the states (h_prev = h_0, the embedding, at loop 1).
+    With nothing to compare (logp_prev or h_prev None) it does not pass: 'kl' never at loop 1.
+    Returns a bool tensor (...)."""
+    if rule == 'confidence':
+        return logp.max(dim=-1).values.exp() >= threshold
+    if (logp_prev if rule == 'kl' else h_prev) is None:
+        return torch.zeros(logp.shape[:-1], dtype=torch.bool, device=logp.device)
+    if rule == 'latent':
+        return latent_change(h, h_prev) <= threshold
+    return (logp.exp() * (logp - logp_prev)).sum(dim=-1) <= threshold
+
+
+class KVCache:
+    """Every attention layer's keys and values for the context so far, one entry per layer and loop:
+    ('prelude', i), ('loop', k, i), ('coda', k, i). An entry holds two buffers (B, nh, block_size, hs),
+    filled up to length."""
+
+    def __init__(self, block_size):
+        self.block_size, self.length, self.kv = block_size, 0, {}
+
+    def layer(self, *key):
+        """The kv argument of layer `key`'s attention: stores its new keys and values (B, nh, T, hs)
+        after the cached ones and returns all of them, (B, nh, length + T, hs) each."""
+        def attend(k, v):
+            if key not in self.kv:
+                self.kv[key] = tuple(t.new_zeros(*t.shape[:2], self.block_size, t.size(3)) for t in (k, v))
+            end = self.length + k.size(2)
+            keys, values = self.kv[key]
+            keys[:, :, self.length:end], values[:, :, self.length:end] = k, v
+            return keys[:, :, :end], values[:, :, :end]
+        return attend
+
+    def share(self, depth, n_loop):
+        """After a decoded token: a sequence that exited at loop depth[b] ran no later loop, so each
+        later loop's entry at the newest position takes the entry of the loop before it."""
+        t = self.length - 1
+        for j in range(2, n_loop + 1):
+            skipped = depth < j                                       # (B,): rows that stopped before j
+            for kind, k, i in [key for key in self.kv if key[0] != 'prelude' and key[1] == j - 1]:
+                src = self.kv[kind, k, i]
+                dst = self.kv.setdefault((kind, j, i), tuple(map(torch.zeros_like, src)))
+                for to, fro in zip(dst, src):
+                    to[skipped, :, t] = fro[skipped, :, t]
+
+
+def next_logits(model, h, k, cache=None):
+    """Loop k's logits for the token after the last position, (B, T, C) -> (B, V). A coda attends, so
+    it runs on every position (a cache holds the earlier ones); without one the last is enough."""
+    return model.readout_logits(h if model.coda else h[:, -1:, :], k, cache)[:, -1, :]
+
+
+@torch.inference_mode()
+def next_logprobs(model, window, n_loop, exit_rule=None, exit_threshold=None, cache=None):
+    """One step: the log-probabilities (B, V) of the token after window (B, T), and the loop (B,) at
+    which each sequence exited (the first whose readout passes the rule, or n_loop). A sequence that
+    stopped keeps its own loop's readout while the others go on. With a cache only the positions after
+    its length run; a prefill (an empty cache) runs every loop, so that the cache holds them all."""
+    B, prefill = window.size(0), cache is None or cache.length == 0
+    e = model.embed(window if cache is None else window[:, cache.length:], cache)  # (B, T_new, C)
+    logp, logp_prev, h_prev = None, None, e[:, -1, :]                 # latent compares h_1 with e
+    depth, done = window.new_full((B,), n_loop), window.new_zeros(B, dtype=torch.bool)
+    for k, h in model.loops(e, n_loop, cache=cache):
+        if exit_rule is None and k < n_loop:
+            continue                                                  # no rule: the last loop alone
+        logp_k = F.log_softmax(next_logits(model, h, k, cache).float(), dim=-1)  # (B, V)
+        h_last = h[:, -1, :]                                          # (B, C)
+        if exit_rule is None or k == n_loop:
+            stops = ~done
+        else:
+            stops = exit_passes(exit_rule, exit_threshold, logp_k, logp_prev, h_last, h_prev) & ~done
+        logp = logp_k if logp is None else torch.where(stops[:, None], logp_k, logp)
+        depth[stops], done = k, done | stops
+        if done.all() and not (cache is not None and prefill):
+            break
+        logp_prev, h_prev = logp_k, h_last
+    if cache is not None:
+        cache.length += e.size(1)
+        if exit_rule is not None and not prefill:
+            cache.share(depth, n_loop)
+    return logp, depth
+
+
+@torch.inference_mode()
+def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, n_loop=None, exit_rule=None,
+             exit_threshold=None, cache=True):
+    """Append max_new_tokens sampled tokens to idx (B, T), each sequence exiting at its own loop under
+    an exit rule. cache: True keeps a KVCache; False recomputes the window for every token (with a
+    rule it also recomputes what the cache shares); or a fresh KVCache to fill.
+    Returns (idx, depth): depth (B, max_new_tokens) is the loop each new token exited at."""
+    K, block = n_loop or model.config.n_loop, model.config.block_size
+    cache = KVCache(block) if cache is True else cache or None
+    start, depths = max(0, idx.size(1) - block), []
+    for _ in range(max_new_tokens):
+        if idx.size(1) - start > block:  # the window is full: its newer half, in a fresh cache
+            start, cache = idx.size(1) - block // 2, cache and KVCache(block)
+        logp, depth = next_logprobs(model, idx[:, start:], K, exit_rule, exit_threshold, cache)
+        depths.append(depth)
+        idx = torch.cat((idx, sample(logp, temperature, top_k)), dim=1)
+    return idx, torch.stack(depths, 1) if depths else idx.new_zeros(idx.size(0), 0)
