@@ -316,7 +316,7 @@ class LoopedGPT(nn.Module):
     def loop_step(self, h, cache=None, k=None):
         """One pass through the shared stack, (B, T, C) -> (B, T, C): every layer once, in order."""
         for i, block in enumerate(self.blocks):
-            h = block(h, cache and cache.layer('loop', k, i))
+            h = block(h, cache and cache.layer('loop', k, i))  # kv: None without a cache
         return h
 
     def loops(self, e, n_loop, edit=None, cache=None):

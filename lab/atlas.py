@@ -8,10 +8,13 @@ looped_nanochat's loop) under a scale-invariant (rmsnorm) and a scale-visible (r
     python -m lab.atlas --init=gpt2 --seeds=1 --train_args='--max_iters=1000 --eval_interval=50' \
         --out_root=out/atlas_gpt2 --fig_dir=figures/atlas_gpt2     # past the transient, under nanoGPT's init
     python -m lab.atlas 'out/grid/laptop/*'              # only read runs that exist (no training), e.g. while it trains
+    python -m lab.atlas --design=concat                  # one design's rows alone
 
 The runs are the grid's (grid.run_grid with grid.atlas_grid(--init), folders under --out_root/<config>; under
 another --init the default out_root is out/atlas_<init>): finished ones are reused, interrupted ones resumed,
-Ctrl-C saves the running one and the same command continues.
+Ctrl-C saves the running one and the same command continues. --design (repeatable) narrows both
+the runs trained and the rows read back to the designs named; no other design's runs are needed,
+since each design's verdicts compare its two readouts with each other and with the unigram loss.
 
 A design and readout carries verdicts only if it learns: its validation loss at every depth 1..K is at least
 LEARNS nats below the unigram loss (the validation split under the training split's character frequencies,
@@ -35,7 +38,7 @@ from data.common import read_dataset
 from lab.grid import ATLAS_READOUTS as READOUTS, DESIGNS, LogError, atlas_grid, group_runs, load_runs, run_grid
 from lab.norm_course import fit
 from lab.stats import paired_stats
-from looped import LoopedConfig
+from looped import CHOICES
 from lab.report import (at_least, check_destination, markdown, pyplot, run_main, save_figure, split_flags, tool_parser,
                         train_flags, write_csv, write_text)
 
@@ -241,8 +244,11 @@ def get_parser():
     p.add_argument('runs', nargs='*', help='run folders or quoted globs to read instead of training the atlas; '
                                            'runs of other conditions are left out')
     p.add_argument('--seeds', type=int, default=3, help='seeds per condition (seeds 1..N)')
-    p.add_argument('--init', default='paper', choices=LoopedConfig.choices('init'),
+    p.add_argument('--init', default='paper', choices=CHOICES['init'],
                    help="the initialization of every run (looped.py's init); the runs read back must have it")
+    p.add_argument('--design', action='append', choices=list(DESIGNS), metavar='DESIGN',
+                   help="train and tabulate only this design of lab/grid.py's DESIGNS "
+                        f"(repeatable; default: all): {', '.join(DESIGNS)}")
     p.add_argument('--after', type=int, default=250, help='fit the power of ||h_K|| from this step on (table 3)')
     train_flags(p, 'laptop', os.path.join('out', 'grid'), '--max_iters=40')
     p.add_argument('--fig_dir', default=os.path.join('out', 'figures', 'atlas'),
@@ -273,7 +279,7 @@ def main(argv=None):
         args.out_root = os.path.join('out', f'atlas_{args.init}')
     extra = split_flags(p, args.train_args)
     check_destination(p, os.path.join(args.fig_dir, 'atlas.md'), '--fig_dir')  # before the runs, not after them
-    grid, names = atlas_grid(args.init)
+    grid, names = atlas_grid(args.init, args.design)
     folders = [] if args.runs else run_grid(args.config, range(1, args.seeds + 1), args.out_root, extra, grid=grid,
                                             prog=PROG)
     try:
@@ -282,8 +288,9 @@ def main(argv=None):
         p.error(str(e))
     groups = {name: runs for name, runs in groups.items() if name in names}
     if not groups:
-        p.error(f"none of the runs is an atlas condition under --init={args.init} (grid.atlas_grid); train them "
-                f"with {PROG}")
+        chosen = f" of --design={', --design='.join(args.design)}" if args.design else ''
+        p.error(f"none of the runs is an atlas condition{chosen} under --init={args.init} "
+                f"(grid.atlas_grid); train them with {PROG}")
     first = next(iter(groups.values()))[0]
     try:
         meta, splits, _ = read_dataset(find_dataset(first['config']['dataset']))

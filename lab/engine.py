@@ -34,8 +34,8 @@ def latent_change(h, h_prev):
 
 
 def exit_passes(rule, threshold, logp, logp_prev, h=None, h_prev=None):
-    """Whether an exit rule passes at one loop: logp, logp_prev (..., V) are this loop's and the last
-    loop's log-probabilities, h, h_prev (..., C) the states (h_prev = h_0, the embedding, at loop 1).
+    """Whether an exit rule passes at one loop: logp, logp_prev (..., V) are this loop's and the
+    last loop's log-probabilities, h, h_prev (..., C) the states (h_prev = h_0 = e at loop 1).
     With nothing to compare (logp_prev or h_prev None) it does not pass: 'kl' never at loop 1.
     Returns a bool tensor (...)."""
     if rule == 'confidence':
@@ -49,7 +49,7 @@ def exit_passes(rule, threshold, logp, logp_prev, h=None, h_prev=None):
 
 class KVCache:
     """Every attention layer's keys and values for the context so far, one entry per layer and loop:
-    ('prelude', i), ('loop', k, i), ('coda', k, i). An entry holds two buffers (B, nh, block_size, hs),
+    ('prelude', i), ('loop', k, i), ('coda', k, i). An entry is two buffers (B, nh, block_size, hs),
     filled up to length."""
 
     def __init__(self, block_size):
@@ -60,7 +60,8 @@ class KVCache:
         after the cached ones and returns all of them, (B, nh, length + T, hs) each."""
         def attend(k, v):
             if key not in self.kv:
-                self.kv[key] = tuple(t.new_zeros(*t.shape[:2], self.block_size, t.size(3)) for t in (k, v))
+                shape = (*k.shape[:2], self.block_size, k.size(3))
+                self.kv[key] = (k.new_zeros(shape), v.new_zeros(shape))
             end = self.length + k.size(2)
             keys, values = self.kv[key]
             keys[:, :, self.length:end], values[:, :, self.length:end] = k, v
@@ -72,7 +73,7 @@ class KVCache:
         later loop's entry at the newest position takes the entry of the loop before it."""
         t = self.length - 1
         for j in range(2, n_loop + 1):
-            skipped = depth < j                                       # (B,): rows that stopped before j
+            skipped = depth < j                               # (B,): rows that stopped before j
             for kind, k, i in [key for key in self.kv if key[0] != 'prelude' and key[1] == j - 1]:
                 src = self.kv[kind, k, i]
                 dst = self.kv.setdefault((kind, j, i), tuple(map(torch.zeros_like, src)))
@@ -81,8 +82,8 @@ class KVCache:
 
 
 def next_logits(model, h, k, cache=None):
-    """Loop k's logits for the token after the last position, (B, T, C) -> (B, V). A coda attends, so
-    it runs on every position (a cache holds the earlier ones); without one the last is enough."""
+    """Loop k's logits for the token after the last position, (B, T, C) -> (B, V). A coda attends,
+    so it runs on every position (a cache holds the earlier ones); without one the last will do."""
     return model.readout_logits(h if model.coda else h[:, -1:, :], k, cache)[:, -1, :]
 
 
@@ -90,10 +91,11 @@ def next_logits(model, h, k, cache=None):
 def next_logprobs(model, window, n_loop, exit_rule=None, exit_threshold=None, cache=None):
     """One step: the log-probabilities (B, V) of the token after window (B, T), and the loop (B,) at
     which each sequence exited (the first whose readout passes the rule, or n_loop). A sequence that
-    stopped keeps its own loop's readout while the others go on. With a cache only the positions after
-    its length run; a prefill (an empty cache) runs every loop, so that the cache holds them all."""
+    stopped keeps its own loop's readout while the others go on. With a cache only the positions
+    after its length run; a prefill (an empty cache) runs every loop, to fill the cache."""
     B, prefill = window.size(0), cache is None or cache.length == 0
-    e = model.embed(window if cache is None else window[:, cache.length:], cache)  # (B, T_new, C)
+    new = window if cache is None else window[:, cache.length:]      # the positions not cached
+    e = model.embed(new, cache)                                       # (B, T_new, C)
     logp, logp_prev, h_prev = None, None, e[:, -1, :]                 # latent compares h_1 with e
     depth, done = window.new_full((B,), n_loop), window.new_zeros(B, dtype=torch.bool)
     for k, h in model.loops(e, n_loop, cache=cache):
@@ -104,7 +106,8 @@ def next_logprobs(model, window, n_loop, exit_rule=None, exit_threshold=None, ca
         if exit_rule is None or k == n_loop:
             stops = ~done
         else:
-            stops = exit_passes(exit_rule, exit_threshold, logp_k, logp_prev, h_last, h_prev) & ~done
+            passes = exit_passes(exit_rule, exit_threshold, logp_k, logp_prev, h_last, h_prev)
+            stops = passes & ~done
         logp = logp_k if logp is None else torch.where(stops[:, None], logp_k, logp)
         depth[stops], done = k, done | stops
         if done.all() and not (cache is not None and prefill):
@@ -120,7 +123,7 @@ def next_logprobs(model, window, n_loop, exit_rule=None, exit_threshold=None, ca
 @torch.inference_mode()
 def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, n_loop=None, exit_rule=None,
              exit_threshold=None, cache=True):
-    """Append max_new_tokens sampled tokens to idx (B, T), each sequence exiting at its own loop under
+    """Append max_new_tokens sampled tokens to idx (B, T), each sequence exiting at its own loop by
     an exit rule. cache: True keeps a KVCache; False recomputes the window for every token (with a
     rule it also recomputes what the cache shares); or a fresh KVCache to fill.
     Returns (idx, depth): depth (B, max_new_tokens) is the loop each new token exited at."""

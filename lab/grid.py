@@ -96,13 +96,15 @@ DESIGNS = {
 ATLAS_READOUTS = ('rmsnorm', 'raw')
 
 
-def atlas_grid(init='paper'):
+def atlas_grid(init='paper', designs=None):
     """Every design under both readouts, per-loop supervision, at one initialization: ({condition name: flags} to
     train, {condition name: (design, readout)} to read the runs back). The names to train are the paper init's,
     so the run folders do not change with the init; the names read back are the runs' own (the init's label in
-    them under any other init)."""
+    them under any other init). designs: only these DESIGNS names (None: all), in DESIGNS' order."""
     grid, names = {}, {}
     for design, entry in DESIGNS.items():
+        if designs is not None and design not in designs:
+            continue
         for readout in ATLAS_READOUTS:
             flags = ['--supervision=per_loop', f'--readout={readout}', *entry.flags]
             init_flags = [] if init == 'paper' else [f'--init={init}']

@@ -99,9 +99,39 @@ def test_the_command_writes_table_and_figure_from_run_folders(small_data, tmp_pa
     assert '| residual | carried |' in text and '| sandwich | removed |' in text and 'terminal' not in text
     assert os.path.getsize(figs / 'fig8_atlas.png') > 10_000 and os.path.getsize(figs / 'fig8_atlas.svg') > 1000
     assert len((figs / 'atlas.csv').read_text().splitlines()) == 1 + 3
+    atlas.main([str(tmp_path / 'runs' / '*'), '--fig_dir', str(figs / 'one'), '--design=sandwich'])
+    text = (figs / 'one' / 'atlas.md').read_text()  # only the design asked for
+    assert '| sandwich | removed |' in text and '| residual |' not in text
     with pytest.raises(SystemExit) as e:
         atlas.main([str(tmp_path / 'runs' / '*terminal*'), '--fig_dir', str(figs)])
     assert 'none of the runs is an atlas condition' in str(e.value.code)
     with pytest.raises(SystemExit) as e:  # paper-init runs are no atlas condition of the gpt2 atlas
         atlas.main([str(tmp_path / 'runs' / '*'), '--fig_dir', str(figs), '--init=gpt2'])
     assert 'under --init=gpt2' in str(e.value.code)
+
+
+def test_one_design_trains_and_reads_back_its_two_readouts_alone(monkeypatch, tmp_path):
+    """--design narrows the atlas to the designs named: the runs handed to the grid, and the rows
+    read back."""
+    assert atlas.get_parser().parse_args([]).design is None  # default: every design
+    args = atlas.get_parser().parse_args(['--design=concat', '--design', 'sandwich + normed'])
+    assert args.design == ['concat', 'sandwich + normed']
+    with pytest.raises(SystemExit):
+        atlas.get_parser().parse_args(['--design=loop_gate'])  # not in grid.DESIGNS
+    asked = {}
+
+    def run_grid(config, seeds, out_root, extra, grid=None, prog=None):  # what would be trained
+        asked.update(grid=grid, seeds=list(seeds))
+        return []
+    monkeypatch.setattr(atlas, 'run_grid', run_grid)
+    with pytest.raises(SystemExit) as e:  # nothing was trained, so there is nothing to read back
+        atlas.main(['--design=concat', '--seeds=2', '--fig_dir', str(tmp_path)])
+    assert 'condition of --design=concat under --init=paper' in str(e.value.code)
+    concat = grid.DESIGNS['concat'].flags
+    assert asked == {'seeds': [1, 2], 'grid': {
+        'per_loop + rmsnorm + concat': ['--supervision=per_loop', '--readout=rmsnorm', *concat],
+        'per_loop + raw + concat': ['--supervision=per_loop', '--readout=raw', *concat]}}
+    trained, names = grid.atlas_grid('gpt2', ['residual', 'concat'])
+    assert list(trained) == ['per_loop + rmsnorm', 'per_loop + raw', *asked['grid']]  # in DESIGNS
+    want = [(d, r) for d in ('residual', 'concat') for r in grid.ATLAS_READOUTS]
+    assert sorted(names.values()) == sorted(want)

@@ -83,3 +83,22 @@ def test_generate_benchmark_runs_and_refuses_an_exit_without_a_checkpoint():
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and r.stderr.strip().endswith('--exit needs --ckpt: what sharing costs is measured on a '
                                                             'trained model')
+
+
+def test_generation_tokens_per_second_count_every_sequence_of_the_batch(monkeypatch):
+    """The timing table's arithmetic, with the clock replaced: tokens/s is batch x new tokens / seconds, for
+    the batch that was really generated (8 sequences, not one of them), and the speed-up is their ratio."""
+    from lab import bench
+    from looped import LoopedConfig, LoopedGPT
+    model = LoopedGPT(LoopedConfig(vocab_size=11, block_size=16, n_embd=16, n_head=2, n_layer=1, n_loop=2))
+    seen = []
+
+    def clock(model, prompt, new, cache):  # 1 ms a token per sequence cached, 4 ms recomputing
+        seen.append(prompt.size(0))
+        return (0.001 if cache else 0.004) * new
+    monkeypatch.setattr(bench, 'timed_generate', clock)
+    rows = bench.generation_speed(model, 'cpu', cap=0)
+    assert set(seen) == {1, 8}
+    assert [row[:2] for row in rows] == [[1, 256], [1, 1024], [8, 256], [8, 1024]]
+    for batch, new, cached, recomputed, ratio in rows:
+        assert cached == f"{batch * 1000:,}" and recomputed == f"{batch * 250:,}" and ratio == '4.0x'

@@ -1,18 +1,23 @@
-"""Generation with a KV cache per loop (looped.KVCache, LoopedGPT.next_logprobs and generate): the cache gives the
-tokens and logits of recomputing, each sequence exits at its own loop, a skipped loop's entries are its last run
-loop's, and no sequence reads another's cache."""
+"""Generation's engine (lab/engine.py: KVCache, next_logprobs, generate): at a fixed depth it samples exactly
+the tokens of looped.py's plain LoopedGPT.generate, the cache gives the tokens and logits of recomputing, each
+sequence exits at its own loop, a skipped loop's entries are its last run loop's, and no sequence reads
+another's cache."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from looped import KVCache, LoopedConfig, LoopedGPT
+from lab import engine
+from lab.engine import KVCache, generate, next_logits, next_logprobs
+from lab.configs import variant_fields
+from looped import CHOICES, LoopedConfig, LoopedGPT
 
 BASE = dict(vocab_size=11, block_size=32, n_embd=32, n_head=2, n_layer=2, n_loop=3)
-# every design generate supports: the loop's variants, the layers around it, and sampled depth at its test depth
-DESIGNS = [{}, dict(injection='add'), dict(injection='concat'), dict(n_prelude=1, n_coda=1), dict(block='sandwich'),
-           dict(recurrence='normed'), dict(residual_scale='inverse_k'), dict(depth_sampling='poisson_lognormal'),
-           dict(readout='raw'), dict(attention='manual')]
+# every design generate supports, derived from the config so that a new field is tested with no
+# entry here: each other value of a text field (sampled depth at its test depth), and each number
+# field that is 0 by default (n_prelude, n_coda, bptt...) set to 1
+DESIGNS = [{}, *({name: value} for name, values in CHOICES.items() for value in values[1:]),
+           *({f.name: 1} for f in variant_fields() if f.default == 0)]
 
 
 def tiny(seed=0, **kw):
@@ -26,16 +31,33 @@ def prompts(B=2, T=5, seed=1):
 
 def recorded(model, monkeypatch, **kw):
     """generate's tokens and depths, and the log-probabilities of every step it took."""
-    steps, step = [], LoopedGPT.next_logprobs
+    steps, step = [], engine.next_logprobs
 
     def spy(self, *a, **k):
         logp, depth = step(self, *a, **k)
         steps.append(logp)
         return logp, depth
-    monkeypatch.setattr(LoopedGPT, 'next_logprobs', spy)
-    idx, depth = model.generate(**kw)
+    monkeypatch.setattr(engine, 'next_logprobs', spy)
+    idx, depth = generate(model, **kw)
     monkeypatch.undo()
     return idx, depth, torch.stack(steps)
+
+
+@pytest.mark.parametrize('design', DESIGNS, ids=lambda d: '-'.join(f'{k}={v}' for k, v in d.items()) or 'default')
+def test_the_engines_cached_generation_samples_the_plain_generates_tokens(design):
+    """Sampled (temperature 0.8, top_k 5), fixed depth, the same seed: the engine with its cache and looped.py's
+    plain generate, which reruns the whole window for every token, give the same tokens, past the window's
+    restarts (80 new tokens, block_size 32), at the trained depth and at twice it."""
+    model = tiny(**design)
+    for n_loop in (None, 2 * BASE['n_loop']):
+        kw = dict(max_new_tokens=80, temperature=0.8, top_k=5, n_loop=n_loop)
+        torch.manual_seed(7)
+        plain = model.generate(prompts(), **kw)
+        torch.manual_seed(7)
+        cached, depth = generate(model, prompts(), cache=True, **kw)
+        assert torch.equal(cached, plain), f"n_loop={n_loop}: first difference at token " \
+            f"{(cached != plain).any(0).nonzero()[0].item()}"
+        assert depth.tolist() == [[n_loop or BASE['n_loop']] * 80] * 2
 
 
 @pytest.mark.parametrize('design', DESIGNS, ids=lambda d: '-'.join(f'{k}={v}' for k, v in d.items()) or 'default')
@@ -57,8 +79,8 @@ def test_a_chunk_after_cached_positions_sees_exactly_its_past():
     for attention in ('sdpa', 'manual'):
         model, x = tiny(attention=attention), prompts(T=12)
         cache = KVCache(BASE['block_size'])
-        model.next_logprobs(x[:, :7], 3, cache=cache)
-        logp, _ = model.next_logprobs(x, 3, cache=cache)               # positions 7..11 are new
+        next_logprobs(model, x[:, :7], 3, cache=cache)
+        logp, _ = next_logprobs(model, x, 3, cache=cache)               # positions 7..11 are new
         full = F.log_softmax(model(x)[0][:, -1], dim=-1)
         assert torch.allclose(logp, full, atol=1e-5), attention
 
@@ -66,7 +88,7 @@ def test_a_chunk_after_cached_positions_sees_exactly_its_past():
 def exit_loops(model, prompt, threshold):
     """Each row's exit loop under the confidence rule at its last position, from the full forward's readouts: (B,)."""
     with torch.no_grad():
-        conf = torch.stack([F.softmax(model.next_logits(h, k), -1).max(-1).values
+        conf = torch.stack([F.softmax(next_logits(model, h, k), -1).max(-1).values
                             for k, h in model.loops(model.embed(prompt), BASE['n_loop'])], 1)  # (B, K)
     passes = conf >= threshold
     return torch.where(passes.any(1), passes.int().argmax(1) + 1, BASE['n_loop'])
@@ -76,7 +98,7 @@ def split_threshold(model, prompt):
     """A confidence threshold at which the rows of prompt exit at different loops (one at loop 1), and those loops."""
     with torch.no_grad():
         h = next(model.loops(model.embed(prompt), 1))[1]
-        conf = F.softmax(model.next_logits(h, 1), -1).max(-1).values.sort().values  # loop 1, ascending
+        conf = F.softmax(next_logits(model, h, 1), -1).max(-1).values.sort().values  # loop 1, ascending
     t = (conf[-1] + conf[-2]).item() / 2                            # between the two most confident rows
     return t, exit_loops(model, prompt, t)
 
@@ -88,13 +110,13 @@ def test_each_sequence_of_a_batch_exits_at_its_own_loop(cache):
     model, prompt = tiny(seed=3), prompts(B=6, T=6, seed=2)
     t, want = split_threshold(model, prompt)
     assert len(set(want.tolist())) > 1 and want.min() == 1
-    out, depth = model.generate(prompt, 1, top_k=1, exit_rule='confidence', exit_threshold=t, cache=cache)
+    out, depth = generate(model, prompt, 1, top_k=1, exit_rule='confidence', exit_threshold=t, cache=cache)
     assert depth[:, 0].tolist() == want.tolist()
     with torch.no_grad():
         states = dict(model.loops(model.embed(prompt), BASE['n_loop']))
-        own = torch.cat([model.next_logits(states[d][b:b + 1], d) for b, d in enumerate(want.tolist())])  # (B, V)
+        own = torch.cat([next_logits(model, states[d][b:b + 1], d) for b, d in enumerate(want.tolist())])  # (B, V)
     assert out[:, -1].tolist() == own.argmax(-1).tolist()
-    logp, _ = model.next_logprobs(prompt, BASE['n_loop'], 'confidence', t, KVCache(BASE['block_size']) if cache else None)
+    logp, _ = next_logprobs(model, prompt, BASE['n_loop'], 'confidence', t, KVCache(BASE['block_size']) if cache else None)
     assert torch.allclose(logp, F.log_softmax(own, -1), atol=1e-5)  # each row's distribution is its own loop's
 
 
@@ -103,9 +125,9 @@ def test_a_skipped_loops_cache_entries_are_its_last_run_loops():
     loop d's keys and values at that position, and the loops up to d hold their own (really computed) ones."""
     model, window = tiny(seed=3, n_coda=1), prompts(B=6, T=7, seed=2)
     cache = KVCache(BASE['block_size'])
-    model.next_logprobs(window[:, :-1], BASE['n_loop'], cache=cache)    # the prefill runs every loop
+    next_logprobs(model, window[:, :-1], BASE['n_loop'], cache=cache)    # the prefill runs every loop
     t, want = split_threshold(model, window)
-    _, depth = model.next_logprobs(window, BASE['n_loop'], 'confidence', t, cache)  # the decoded token, position 6
+    _, depth = next_logprobs(model, window, BASE['n_loop'], 'confidence', t, cache)  # the decoded token, position 6
     assert depth.tolist() == want.tolist() and len(set(want.tolist())) > 1
     pos, K = cache.length - 1, BASE['n_loop']                       # the decoded token's position
     for b, d in enumerate(depth.tolist()):
@@ -124,9 +146,9 @@ def test_no_sequence_reads_another_sequences_cache(rule, threshold, cache):
     exit rule (so with shared entries too)."""
     model, batch = tiny(seed=4, n_coda=1), prompts(B=3, T=6, seed=5)
     kw = dict(max_new_tokens=40, top_k=1, exit_rule=rule, exit_threshold=threshold, cache=cache)
-    together, depth = model.generate(batch, **kw)
+    together, depth = generate(model, batch, **kw)
     for b in range(batch.size(0)):
-        alone, depth_alone = model.generate(batch[b:b + 1], **kw)
+        alone, depth_alone = generate(model, batch[b:b + 1], **kw)
         assert torch.equal(together[b:b + 1], alone) and torch.equal(depth[b:b + 1], depth_alone), b
     if rule is not None:
         assert len(set(depth.flatten().tolist())) > 1  # the rule did exit early somewhere, so sharing was exercised
@@ -137,8 +159,8 @@ def test_a_prefill_runs_every_loop_whatever_the_exit_rule():
     cache after a prefill under an exit rule that always passes holds what a prefill without one holds."""
     model, prompt = tiny(n_coda=1), prompts(T=9)
     full, early = KVCache(BASE['block_size']), KVCache(BASE['block_size'])
-    model.next_logprobs(prompt, BASE['n_loop'], cache=full)
-    _, depth = model.next_logprobs(prompt, BASE['n_loop'], 'confidence', 0.0, early)
+    next_logprobs(model, prompt, BASE['n_loop'], cache=full)
+    _, depth = next_logprobs(model, prompt, BASE['n_loop'], 'confidence', 0.0, early)
     assert depth.tolist() == [1, 1] and early.length == full.length == 9
     for key, (keys, values) in full.kv.items():
         assert torch.equal(early.kv[key][0][:, :, :9], keys[:, :, :9]), key

@@ -149,3 +149,12 @@ def test_the_usage_flag_table_gives_every_flag_and_exactly_each_text_fields_choi
         assert default == f'`{allowed[0]}`', (name, default)
         named = set(re.findall(r'`(\w+)`', default + values))
         assert named == set(allowed), f"--{name}: the table says {sorted(named)}, looped.CHOICES {allowed}"
+
+
+def test_each_text_fields_choices_start_with_its_default():
+    from looped import CHOICES
+    defaults = {f.name: f.default for f in fields(LoopedConfig)}
+    for name, allowed in CHOICES.items():
+        assert allowed[0] == defaults[name], f"CHOICES[{name!r}] starts with {allowed[0]!r}, not the default"
+    text = [f.name for f in fields(LoopedConfig) if f.type is str]
+    assert sorted(text) == sorted(CHOICES), 'a text field without its CHOICES entry (or one too many)'

@@ -1,0 +1,39 @@
+"""The mutation check's list (tests/mutations.py) follows the code: every breakage names a line that occurs
+exactly once in its file, a broken line that differs from it, and tests that exist. Without this, an entry
+whose code moved only shows up when someone runs the whole (slow) mutation check."""
+
+import ast
+import os
+
+import pytest
+
+import mutations
+from conftest import ROOT
+
+
+@pytest.mark.parametrize('entry', mutations.MUTATIONS, ids=lambda e: e[0])
+def test_every_breakage_names_a_line_that_occurs_exactly_once_in_its_file(entry):
+    name, path, old, new, _ = entry
+    with open(os.path.join(ROOT, path)) as f:
+        count = f.read().count(old)
+    assert count == 1, f"{name!r}: its line occurs {count} times in {path}, not once: move the entry with its code"
+    assert new != old, f"{name!r}: the broken line is the line itself"
+
+
+def test_every_breakage_names_tests_that_exist():
+    defined = {}
+    for _, _, _, _, tests in mutations.MUTATIONS:
+        for test in tests:
+            path, _, func = test.partition('::')
+            assert os.path.exists(os.path.join(ROOT, path)), f"{test}: no such file"
+            if func:
+                if path not in defined:
+                    with open(os.path.join(ROOT, path)) as f:
+                        defined[path] = {n.name for n in ast.walk(ast.parse(f.read()))
+                                         if isinstance(n, ast.FunctionDef)}
+                assert func.split('[')[0] in defined[path], f"{test}: no such test function"
+
+
+def test_every_breakage_has_a_name_of_its_own():
+    names = [entry[0] for entry in mutations.MUTATIONS]
+    assert len(names) == len(set(names)), 'two breakages share a name: --only could not tell them apart'
