@@ -1,19 +1,23 @@
 """
-The paper's figures and tables from training logs (out/*/log.jsonl); with --run, lab/grid.py trains the runs first.
+The paper's figures and tables from training logs (out/*/log.jsonl); with --run, lab/grid.py trains
+the runs first.
 
-    python plot_norms.py out/laptop out/laptop-readout_raw 'out/grid/laptop/*' --fig_dir=figures/mine   # runs you have
-    python plot_norms.py --run                                # train the grid (laptop, 1 seed), then draw
-    python plot_norms.py --run --config=gpu_char --seeds=3    # on a GPU; rerun to continue after Ctrl-C
+    python plot_norms.py out/laptop out/laptop-readout_raw 'out/grid/laptop/*'   # runs you have
+    python plot_norms.py out/laptop --fig_dir=figures/mine  # default: out/figures (untracked)
+    python plot_norms.py --run                              # train the grid (laptop, 1 seed), draw
+    python plot_norms.py --run --config=gpu_char --seeds=3  # on a GPU; rerun to go on after Ctrl-C
 
-Writes to --fig_dir: fig1_norm_explosion (||h_K|| against step), fig2_norm_by_loop (||h_k|| against loop k),
-fig3_loss_by_depth (loss at exit depths 1..K and 2K), fig5_alpha (the alpha readout's exponent),
-fig6_crossover (claim 4: loss at depth K against step, and the paired gap to --reference), each a PNG and an
-SVG, table.md and table.csv (per condition, mean +- std over seeds; table.md's second table and paired.csv: the paired
-differences), and from each run's checkpoint the timed early-exit benchmark (exit_table.md, fig4_pareto;
-time it on an otherwise idle machine). Every run is read at its own K (the n_loop in its log header).
+Writes to --fig_dir: fig1_norm_explosion (||h_K|| against step), fig2_norm_by_loop (||h_k||
+against loop k), fig3_loss_by_depth (loss at exit depths 1..K and 2K), fig5_alpha (the alpha
+readout's exponent), fig6_crossover (claim 4: loss at depth K against step, and the paired gap to
+--reference), each a PNG and an SVG; table.md and table.csv (per condition, mean +- std over seeds;
+table.md's second table and paired.csv: the paired differences); and from each run's checkpoint
+the timed early-exit benchmark (exit_table.md, fig4_pareto; time it on an otherwise idle machine).
+Every run is read at its own K (the n_loop in its log header).
 
-Not here: training and reading the runs (lab/grid.py), which runs are pairs and their t intervals (lab/stats.py), the
-early-exit measurement (lab/diagnose.py: exit_results, exit_summary, plot_pareto).
+Not here: training and reading the runs (lab/grid.py), which runs are pairs and their t
+intervals (lab/stats.py), the early-exit measurement (lab/diagnose.py: exit_results,
+exit_summary, plot_pareto).
 """
 
 import os
@@ -22,23 +26,29 @@ import numpy as np
 
 from lab import diagnose
 from lab.grid import GRIDS, LogError, grid_of, group_runs, load_runs, run_grid, slug
-from lab.report import (at_least, check_destination, fail, markdown, pyplot, run_main, runs_flags, save_figure,
-                        split_flags, tool_parser, write_csv, write_text)
+from lab.report import (at_least, check_destination, fail, markdown, pyplot, run_main, runs_flags,
+                        save_figure, split_flags, tool_parser, write_csv, write_text)
 from lab.stats import LEVEL, REFERENCE, pair_up, paired_diffs, paired_rows, paired_stats, progress
 
 plt = pyplot()  # on Agg: files only, no display needed
 PROG = 'plot_norms.py'
 
-# Okabe-Ito colours (colour-blind safe; its yellow swapped for a darker wine, which reads on white) with
-# line styles and markers, so the figures also read in grey.
-STYLES = [('#000000', '-', 'o'), ('#E69F00', '--', 's'), ('#56B4E9', '-.', '^'), ('#009E73', ':', 'D'),
-          ('#882255', '-', 'v'), ('#0072B2', '--', 'P'), ('#D55E00', '-.', 'X'), ('#CC79A7', ':', '*'),
-          ('#999999', '-', 'h'), ('#44AA99', '--', 'p')]
+# Okabe-Ito colours (colour-blind safe; its yellow swapped for a darker wine, which reads on white)
+# with line styles and markers, so the figures also read in grey.
+STYLES = [('#000000', '-', 'o'), ('#E69F00', '--', 's'), ('#56B4E9', '-.', '^'),
+          ('#009E73', ':', 'D'), ('#882255', '-', 'v'), ('#0072B2', '--', 'P'),
+          ('#D55E00', '-.', 'X'), ('#CC79A7', ':', '*'), ('#999999', '-', 'h'),
+          ('#44AA99', '--', 'p')]
+
+
+def styles(n):
+    """n (colour, line, marker) styles: STYLES, repeated past its ten (a grid can hold more)."""
+    return [STYLES[i % len(STYLES)] for i in range(n)]
 
 
 def caught_up(groups):
-    """Each condition's runs that reached its furthest evaluation, and a note on each one behind (still training,
-    or stopped early): curves and means over seeds at different steps would mix training lengths."""
+    """Each condition's runs that reached its furthest evaluation, and a note on each one behind
+    (still training, or stopped early): means over seeds at different steps mix training lengths."""
     kept, behind = {}, []
     for name, runs in groups.items():
         last = max(run['records'][-1]['step'] for run in runs)
@@ -48,28 +58,30 @@ def caught_up(groups):
 
 
 def series(runs, key, index=None):
-    """steps and a (seeds, evals) array of r[key] (or r[key][index]), over the evaluations all seeds have."""
-    n = min(len(run['records']) for run in runs)  # a seed still training must not cut the others' curves short
+    """steps and a (seeds, evals) array of r[key] (or r[key][index]), over the evaluations all seeds
+    have: a seed with fewer must not make the array ragged."""
+    n = min(len(run['records']) for run in runs)
     steps = [r['step'] for r in runs[0]['records'][:n]]
     pick = (lambda r: r[key]) if index is None else (lambda r: r[key][index])
     return steps, np.array([[pick(r) for r in run['records'][:n]] for run in runs])
 
 
 def mean_std(values):
-    """Mean and spread over seeds, for the first table and the bands; the paired table is where intervals are. The
-    std is the population one (ddof 0): it describes the spread seen, it is no confidence interval."""
+    """Mean and spread over seeds, for the first table and the bands (intervals: the paired table).
+    The std is the population one (ddof 0): the spread seen, not a confidence interval."""
     values = np.asarray(values, dtype=float)
     return values.mean(axis=0), values.std(axis=0)
 
 
 def describe(runs):
-    """'0.55M-parameter looped LM (2 layers x K=4, d=128) on shakespeare_char' for figure titles (K=2/3 when the
-    runs differ in depth)."""
+    """'0.55M-parameter looped LM (2 layers x K=4, d=128) on shakespeare_char' for figure titles
+    (K=2/3 when the runs differ in depth)."""
     c, m = runs[0]['config'], runs[0]['config']['model']
     n = c.get('num_params')
     size = f"{n / 1e6:.2f}M-parameter " if n else ''
     Ks = '/'.join(map(str, sorted({run['K'] for run in runs})))
-    return f"{size}looped LM ({m['n_layer']} layers x K={Ks}, d={m['n_embd']}) on {os.path.basename(c['dataset'])}"
+    dataset = os.path.basename(c['dataset'])
+    return f"{size}looped LM ({m['n_layer']} layers x K={Ks}, d={m['n_embd']}) on {dataset}"
 
 
 def finish(fig, ax, path):
@@ -85,23 +97,24 @@ def exit_depths(K):
 
 
 def final_curves(ax, groups, key, depths_of):
-    """One line per condition through the last evaluation's r[key] at the depths depths_of(K) (1-indexed, K: the
-    condition's own); seeds give error bars."""
-    for (name, runs), (color, ls, marker) in zip(groups.items(), STYLES * 2):
+    """One line per condition through the last evaluation's r[key] at depths depths_of(K)
+    (1-indexed; K: the condition's own); seeds give error bars."""
+    for (name, runs), (color, ls, marker) in zip(groups.items(), styles(len(groups))):
         depths = depths_of(runs[0]['K'])
         mean, std = mean_std([[run['records'][-1][key][d - 1] for d in depths] for run in runs])
-        ax.errorbar(depths, mean, yerr=std if len(runs) > 1 else None, color=color, ls=ls, marker=marker, ms=5, label=name)
+        yerr = std if len(runs) > 1 else None
+        ax.errorbar(depths, mean, yerr=yerr, color=color, ls=ls, marker=marker, ms=5, label=name)
 
 
 def line_with_band(ax, steps, values, style, name, ms=4, floor=None):
-    """The mean over seeds against step, with a +- 1 std band when there is more than one seed (values: (seeds,
-    evals)); floor keeps the band above 0 on a log scale."""
+    """The mean over seeds against step, with a +- 1 std band when there is more than one seed
+    (values: (seeds, evals)); floor keeps the band above 0 on a log scale."""
     color, ls, marker = style
     mean, std = mean_std(values)
     ax.plot(steps, mean, color=color, ls=ls, marker=marker, ms=ms, label=name)
     if len(values) > 1:
-        ax.fill_between(steps, mean - std if floor is None else np.maximum(mean - std, floor), mean + std,
-                        color=color, alpha=0.15)
+        low = mean - std if floor is None else np.maximum(mean - std, floor)
+        ax.fill_between(steps, low, mean + std, color=color, alpha=0.15)
 
 
 def plot(groups, fig_dir, paired, reference=REFERENCE):
@@ -111,8 +124,9 @@ def plot(groups, fig_dir, paired, reference=REFERENCE):
     title = describe([run for runs in groups.values() for run in runs])
     title += f", {'/'.join(map(str, seeds))} seed{'s' * (seeds != [1])} per condition"
     title += '\n(mean over seeds; band: +- 1 std)' if seeds != [1] else ''
-    style = dict(zip(groups, STYLES * 2))
-    paths = [plot_norm_explosion(groups, style, title, fig_dir), plot_norm_by_loop(groups, title, fig_dir),
+    style = dict(zip(groups, styles(len(groups))))
+    paths = [plot_norm_explosion(groups, style, title, fig_dir),
+             plot_norm_by_loop(groups, title, fig_dir),
              plot_loss_by_depth(groups, title, fig_dir)]
     with_alpha = {name: runs for name, runs in groups.items() if 'alpha' in runs[0]['records'][-1]}
     if with_alpha:  # the alpha readout's learned exponent: which alpha does cross-entropy choose?
@@ -127,21 +141,23 @@ def plot_norm_explosion(groups, style, title, fig_dir):
     for name, runs in groups.items():
         steps, h = series(runs, 'hidden_norm', runs[0]['K'] - 1)
         line_with_band(ax, steps, h, style[name], name, floor=1e-3)
-    ax.set(yscale='log', xlabel='training step', ylabel=r'final-loop norm $\|h_K\|$ (mean over tokens)',
-           title=f"Norm explosion\n{title}")
+    ax.set(yscale='log', xlabel='training step',
+           ylabel=r'final-loop norm $\|h_K\|$ (mean over tokens)', title=f"Norm explosion\n{title}")
     return finish(fig, ax, os.path.join(fig_dir, 'fig1_norm_explosion.png'))
 
 
 def plot_norm_by_loop(groups, title, fig_dir):
-    """fig2: ||h_k|| against loop k = 1..2K at the end of training; a grey line at each trained K."""
+    """fig2: ||h_k|| against loop k = 1..2K after training; a grey line at each trained K."""
     fig, ax = plt.subplots(figsize=(10, 5))
     final_curves(ax, groups, 'hidden_norm', lambda K: list(range(1, 2 * K + 1)))
     Ks = sorted({runs[0]['K'] for runs in groups.values()})
     for K in Ks:
         ax.axvline(K, color='grey', lw=0.8)
-        ax.text(K, 0.02, f" trained K={K}" if len(Ks) > 1 else ' trained K', color='grey', va='bottom', fontsize=8,
+        label = f" trained K={K}" if len(Ks) > 1 else ' trained K'
+        ax.text(K, 0.02, label, color='grey', va='bottom', fontsize=8,
                 transform=ax.get_xaxis_transform())
-    ax.set(yscale='log', xlabel='loop k (beyond K: extrapolation)', ylabel=r'$\|h_k\|$ at the end of training',
+    ax.set(yscale='log', xlabel='loop k (beyond K: extrapolation)',
+           ylabel=r'$\|h_k\|$ at the end of training',
            title=f"Norm by loop at the end of training\n{title}")
     return finish(fig, ax, os.path.join(fig_dir, 'fig2_norm_by_loop.png'))
 
@@ -150,21 +166,24 @@ def plot_loss_by_depth(groups, title, fig_dir):
     """fig3: validation loss against exit depth 1..K and 2K at the end of training."""
     fig, ax = plt.subplots(figsize=(10, 5))
     final_curves(ax, groups, 'val_loss', exit_depths)
-    # untrained exits (terminal supervision, early loops) can sit at tens of nats: keep the frame on the rest
-    at_K = [np.mean([run['records'][-1]['val_loss'][run['K'] - 1] for run in runs]) for runs in groups.values()]
+    # untrained exits (early loops, terminal supervision) can be tens of nats: frame the rest
+    at_K = [np.mean([run['records'][-1]['val_loss'][run['K'] - 1] for run in runs])
+            for runs in groups.values()]
     low = min(min(run['records'][-1]['val_loss'][d - 1] for d in exit_depths(run['K']))
               for runs in groups.values() for run in runs)
     ax.set_ylim(low - 0.05, max(at_K) + 0.5 * (max(at_K) - low) + 0.1)
-    ax.set(xlabel='exit depth (loops run before reading out)', ylabel='validation loss (nats per token)',
+    ax.set(xlabel='exit depth (loops run before reading out)',
+           ylabel='validation loss (nats per token)',
            xticks=sorted({d for runs in groups.values() for d in exit_depths(runs[0]['K'])}),
-           title=f"Validation loss by exit depth (points above the frame are off the scale)\n{title}")
+           title="Validation loss by exit depth (points above the frame are off the scale)"
+                 f"\n{title}")
     return finish(fig, ax, os.path.join(fig_dir, 'fig3_loss_by_depth.png'))
 
 
 def plot_alpha(with_alpha, title, fig_dir):
     """fig5: the alpha readout's learned exponent against training step."""
     fig, ax = plt.subplots(figsize=(10, 5))
-    for (name, runs), style in zip(with_alpha.items(), STYLES * 2):
+    for (name, runs), style in zip(with_alpha.items(), styles(len(with_alpha))):
         steps, a = series(runs, 'alpha')
         line_with_band(ax, steps, a, style, name)
     ax.set(ylim=(0, 1), xlabel='training step', ylabel=r'$\alpha$ (0: scale-invariant, 1: raw)',
@@ -173,12 +192,12 @@ def plot_alpha(with_alpha, title, fig_dir):
 
 
 def paired_gaps(middle, right, entry, style, name, nudge):
-    """One condition's paired gap to the reference: against step at depth K, over the evaluations every pair has up
-    to the comparison step (middle), and against depth at the comparison step (right), each with its t interval."""
+    """One condition's paired gap to the reference, with t intervals: at depth K against step, up to
+    the comparison step (middle), and against depth at that step (right)."""
     color, ls, marker = style
     K = entry['K']
-    steps = sorted(set.intersection(*[{r['step'] for r in x['records']} for _, run, ref in entry['pairs']
-                                      for x in (run, ref)]))
+    logs = [x['records'] for _, run, ref in entry['pairs'] for x in (run, ref)]
+    steps = sorted(set.intersection(*[{r['step'] for r in records} for records in logs]))
     steps = [s for s in steps if s <= entry['step']]
     gap = np.stack([paired_diffs(entry, s)[:, K - 1] for s in steps], axis=1)  # (pairs, steps)
     stats = paired_stats(gap)
@@ -186,21 +205,23 @@ def paired_gaps(middle, right, entry, style, name, nudge):
     if stats['n'] > 1:
         middle.fill_between(steps, stats['lo'], stats['hi'], color=color, alpha=0.15)
     stats = paired_stats(paired_diffs(entry))
-    depths = np.arange(1, 2 * K + 1) + nudge  # nudged sideways so that the conditions' bars do not overlap
+    depths = np.arange(1, 2 * K + 1) + nudge  # nudged sideways: the conditions' bars do not overlap
     yerr = None if stats['n'] < 2 else [stats['mean'] - stats['lo'], stats['hi'] - stats['mean']]
-    right.errorbar(depths, stats['mean'], yerr=yerr, color=color, ls=ls, marker=marker, ms=4, capsize=2,
-                   label=f"{name} ({stats['n']} pair{'s' * (stats['n'] != 1)}, step {entry['step']})")
+    pairs = f"{stats['n']} pair{'s' * (stats['n'] != 1)}"
+    right.errorbar(depths, stats['mean'], yerr=yerr, color=color, ls=ls, marker=marker, ms=4,
+                   capsize=2, label=f"{name} ({pairs}, step {entry['step']})")
 
 
 def plot_crossover(groups, style, paired, reference, title, fig_dir):
-    """fig6, claim 4: does a scale-controlled variant overtake the scale-invariant readout as training goes on (left:
-    loss at depth K), and is the difference larger than the seeds' paired spread allows by chance (middle, right)?"""
+    """fig6, claim 4: does a scale-controlled variant overtake the scale-invariant readout in
+    training (left: loss at depth K), by more than chance given the paired seeds (middle, right)?"""
     fig, (left, middle, right) = plt.subplots(1, 3, figsize=(20, 5.5))
     for name, runs in groups.items():
         steps, loss = series(runs, 'val_loss', runs[0]['K'] - 1)
         line_with_band(left, steps, loss, style[name], name, ms=3)
-    finals = [series(runs, 'val_loss', runs[0]['K'] - 1)[1][:, -1].mean() for runs in groups.values()]
-    left.set_ylim(min(finals) - 0.15, max(finals) + 0.6)  # the first evaluations sit far above: keep the end in view
+    finals = [series(runs, 'val_loss', runs[0]['K'] - 1)[1][:, -1].mean()
+              for runs in groups.values()]
+    left.set_ylim(min(finals) - 0.15, max(finals) + 0.6)  # frame the end, not the first evals
     Ks = '/'.join(map(str, sorted({runs[0]['K'] for runs in groups.values()})))
     left.set(xlabel='training step', ylabel=f'validation loss at depth K={Ks}',
              title='validation loss at the trained depth\n(mean over seeds; band: +- 1 std)')
@@ -216,10 +237,11 @@ def plot_crossover(groups, style, paired, reference, title, fig_dir):
     if paired_Ks:
         right.set_xticks(range(1, 2 * max(paired_Ks) + 1))
     middle.set_ylim(-0.3, 0.5)
-    middle.set(xlabel='training step', ylabel=f'loss minus {reference} (below 0: better)',
+    gap_label = f'loss minus {reference} (below 0: better)'
+    middle.set(xlabel='training step', ylabel=gap_label,
                title=f'gap to {reference} at depth K, paired by seed\n'
                      f'(mean; band: {LEVEL:.0%} t interval over seeds, n-1 df)')
-    right.set(xlabel='exit depth (dotted: trained K)', ylabel=f'loss minus {reference} (below 0: better)',
+    right.set(xlabel='exit depth (dotted: trained K)', ylabel=gap_label,
               title=f'paired gap by depth at the comparison step (legend)\n'
                     f'(mean; bars: {LEVEL:.0%} t interval over seeds, n-1 df)')
     for ax in (left, middle, right):
@@ -229,19 +251,22 @@ def plot_crossover(groups, style, paired, reference, title, fig_dir):
         right.legend(fontsize=8, loc='upper left', bbox_to_anchor=(1.01, 1))
     else:
         for ax in (middle, right):
-            ax.text(0.5, 0.5, f'no {reference} run to pair with', ha='center', transform=ax.transAxes)
-    # each panel names its own band (std over seeds, or a t interval over pairs): the common title line does not
-    fig.suptitle(f"Claim 4: does scale control win at matched depth with longer training?\n{title.splitlines()[0]}",
-                 fontsize=10)
+            ax.text(0.5, 0.5, f'no {reference} run to pair with', ha='center',
+                    transform=ax.transAxes)
+    # the title's first line only: each panel names its own band (std over seeds, or a t interval)
+    fig.suptitle("Claim 4: does scale control win at matched depth with longer training?\n"
+                 + title.splitlines()[0], fontsize=10)
     return save_figure(fig, os.path.join(fig_dir, 'fig6_crossover.png'))
 
 
 def table(groups, fig_dir, paired, reference=REFERENCE, behind=()):
-    """Per condition: final-depth perplexity and ||h_K|| (mean +- std over seeds), perplexity at depths 1..K and 2K,
-    and the alpha readout's final alpha where there is one; then the paired differences. Returns table.md's text."""
-    # runs of different K share the table: a column for every depth any of them reports, blank where a run has none
+    """Per condition: perplexity and ||h_K|| at depth K (mean +- std over seeds), perplexity at
+    depths 1..K and 2K, the alpha readout's final alpha; then the paired differences. Returns
+    table.md's text."""
+    # runs of different K share one table: a column per depth any of them reports, blank where none
     depths = sorted({d for runs in groups.values() for d in exit_depths(runs[0]['K'])})
-    header = ['condition', 'seeds', 'step', 'K', 'val ppl (depth K)', '‖h_K‖'] + [f"ppl@{d}" for d in depths] + ['alpha']
+    header = (['condition', 'seeds', 'step', 'K', 'val ppl (depth K)', '‖h_K‖']
+              + [f"ppl@{d}" for d in depths] + ['alpha'])
     pm = lambda v, f: f"{v.mean():{f}}" + (f" +- {v.std():{f}}" if len(v) > 1 else '')
     rows = []
     for name, runs in groups.items():
@@ -249,37 +274,42 @@ def table(groups, fig_dir, paired, reference=REFERENCE, behind=()):
         ppl = {d: np.exp([r['val_loss'][d - 1] for r in last]) for d in exit_depths(K)}
         h = np.array([r['hidden_norm'][K - 1] for r in last])
         alpha = pm(np.array([r['alpha'] for r in last]), '.3f') if 'alpha' in last[0] else ''
-        rows.append([name, str(len(runs)), str(min(r['step'] for r in last)), str(K), pm(ppl[K], '.3f'), pm(h, '.1f')]
+        step = min(r['step'] for r in last)
+        rows.append([name, str(len(runs)), str(step), str(K), pm(ppl[K], '.3f'), pm(h, '.1f')]
                     + [pm(ppl[d], '.2f') if d in ppl else '' for d in depths] + [alpha])
     write_csv(os.path.join(fig_dir, 'table.csv'), [header] + rows)
     md = markdown(header, rows)
     unfinished = [progress(run) for runs in groups.values() for run in runs
                   if run['records'][-1]['step'] < (run['config'].get('max_iters') or 0)]
     if behind:
-        md += ('\n\nLeft out of this table and the figures, behind the other seeds of their condition (still '
-               'training, or stopped early): ' + '; '.join(behind))
+        md += ('\n\nLeft out of this table and the figures, behind the other seeds of their '
+               'condition (still training, or stopped early): ' + '; '.join(behind))
     if unfinished:
-        md += ('\n\nNot finished (still training, or stopped early; the table shows their last evaluation): '
-               + '; '.join(unfinished))
+        md += ('\n\nNot finished (still training, or stopped early; the table shows their last '
+               'evaluation): ' + '; '.join(unfinished))
     md += '\n\n' + paired_table(paired, reference, fig_dir)
     write_text(os.path.join(fig_dir, 'table.md'), md + '\n')
     return md
 
 
 def paired_table(paired, reference, fig_dir):
-    """The paired differences to the reference as markdown (returned) and paired.csv: at depth K with the verdict,
-    and at every depth 1..2K (stats.paired_rows)."""
-    lines = [f"Paired differences to {reference}: validation loss (nats) minus {reference}'s, seed by seed (runs "
-             "paired by the seed in their log header, with the same settings, compared at one step), then the mean, "
-             f"its standard error (sample std / sqrt(n)) and a {LEVEL:.0%} t interval over seeds with n-1 degrees of "
-             "freedom. An interval that contains 0: no difference shown."]
+    """The paired differences to the reference as markdown (returned) and paired.csv: at depth K
+    with the verdict, and at every depth 1..2K (stats.paired_rows)."""
+    lines = [f"Paired differences to {reference}: validation loss (nats) minus {reference}'s, "
+             "seed by seed (runs paired by the seed in their log header, with the same settings, "
+             "compared at one step), then the mean, its standard error (sample std / sqrt(n)) "
+             f"and a {LEVEL:.0%} t interval over seeds with n-1 degrees of freedom. An interval "
+             "that contains 0: no difference shown."]
+    csv_path = os.path.join(fig_dir, 'paired.csv')
     if not paired:
-        if os.path.exists(os.path.join(fig_dir, 'paired.csv')):  # an earlier plot's: it does not describe these runs
-            os.remove(os.path.join(fig_dir, 'paired.csv'))
-        return lines[0] + f"\n\nNo paired differences: these runs hold no {reference} run, or no other condition."
+        if os.path.exists(csv_path):  # an earlier plot's: it does not describe these runs
+            os.remove(csv_path)
+        return (lines[0] + f"\n\nNo paired differences: these runs hold no {reference} run, "
+                "or no other condition.")
     header, rows, csv_rows, notes = paired_rows(paired, reference)
-    write_csv(os.path.join(fig_dir, 'paired.csv'), [['condition', 'reference', 'depth', 'is_K', 'pairs', 'seeds', 'step',
-                                                     'mean_diff', 'se', 'lo', 'hi', 'df', 't', 'verdict']] + csv_rows)
+    csv_header = ['condition', 'reference', 'depth', 'is_K', 'pairs', 'seeds', 'step', 'mean_diff',
+                  'se', 'lo', 'hi', 'df', 't', 'verdict']
+    write_csv(csv_path, [csv_header] + csv_rows)
     lines.append(markdown(header, rows))
     if notes:
         lines.append('\n'.join(f"- {note}" for note in notes))
@@ -288,50 +318,53 @@ def paired_table(paired, reference, fig_dir):
 
 def get_parser():
     p = tool_parser(PROG, __doc__)
-    runs_flags(p, 'the grid of conditions', 'laptop', os.path.join('out', 'grid'), '--max_iters=100')
-    p.add_argument('--seeds', type=int, default=1, help='seeds per condition for --run (seeds 1..N)')
+    runs_flags(p, 'the grid of conditions', 'laptop', os.path.join('out', 'grid'),
+               '--max_iters=100')
+    p.add_argument('--seeds', type=int, default=1,
+                   help='seeds per condition for --run (seeds 1..N)')
     p.add_argument('--grid', default=None, choices=list(GRIDS),
-                   help="--run: which named grid of conditions to train (default: claim4 for laptop_long, readouts for "
-                        "laptop_deep, else paper, the paper's ten); atlas: the field's looped designs, each under "
-                        "rmsnorm and raw")
+                   help="--run: which named grid of conditions to train (default: claim4 for "
+                        "laptop_long, readouts for laptop_deep, else paper, the paper's ten); "
+                        "atlas: the field's looped designs, each under rmsnorm and raw")
     p.add_argument('--conditions', default=None,
-                   help='--run: comma-separated conditions of the grid to train (default: all of them), by folder '
-                        'name, e.g. ' + ', '.join(map(slug, GRIDS['paper'])))
-    p.add_argument('--fig_dir', default=None, help='where figures and tables go (default: out/figures/<config> with '
-                                                   '--run, else out/figures; the committed figures/ change only when '
-                                                   'named here)')
+                   help='--run: comma-separated conditions of the grid to train (default: all of '
+                        'them), by folder name, e.g. ' + ', '.join(map(slug, GRIDS['paper'])))
+    p.add_argument('--fig_dir', default=None,
+                   help='where figures and tables go (default: out/figures/<config> with --run, '
+                        'else out/figures; the committed figures/ change only when named here)')
     p.add_argument('--exit_windows', type=int, default=200,
-                   help='validation windows for the timed early-exit benchmark, half to calibrate and half to '
-                        'measure (0: none); needs each run\'s ckpt.pt')
+                   help='validation windows for the timed early-exit benchmark, half to calibrate '
+                        'and half to measure (0: none); needs each run\'s ckpt.pt')
     p.add_argument('--reference', default=None,
-                   help=f"the condition every other is paired with, seed by seed, by folder name or condition name "
-                        f"(default: {slug(REFERENCE)} when there are such runs)")
+                   help=f"the condition every other is paired with, seed by seed, by folder name "
+                        f"or condition name (default: {slug(REFERENCE)} when there are such runs)")
     return p
 
 
 def check_flags(p, args):
-    """Everything about the flags that can be wrong, before any work: the extra train.py flags, the conditions and
-    the destination. Returns (train_args, conditions or None for the configuration's grid, fig_dir)."""
+    """Every flag error, before any work: the extra train.py flags, the conditions, the destination.
+    Returns (train_args, condition names or None for the whole grid, fig_dir)."""
     at_least(p, '--seeds', args.seeds, 1)
     if not args.run and not args.runs:
         p.error("name run folders to plot, or pass --run to train the grid")
     train_args = split_flags(p, args.train_args)
     # untracked by default: the committed reference figures change only when --fig_dir names them
     fig_dir = args.fig_dir or os.path.join('out', 'figures', *([args.config] if args.run else []))
-    check_destination(p, os.path.join(fig_dir, 'table.md'), '--fig_dir')  # before the grid's hours, not after them
+    check_destination(p, os.path.join(fig_dir, 'table.md'), '--fig_dir')  # before any training
     names = None
     if args.conditions is not None:
         by_slug = {slug(n): n for n in grid_of(args.config, args.grid)}
         unknown = [c for c in args.conditions.split(',') if c not in by_slug]
         if unknown:
-            p.error(f"--conditions: {', '.join(unknown)} not in the grid; choose from {', '.join(by_slug)}")
+            p.error(f"--conditions: {', '.join(unknown)} not in the grid; "
+                    f"choose from {', '.join(by_slug)}")
         names = [by_slug[c] for c in args.conditions.split(',')]
     return train_args, names, fig_dir
 
 
 def read_runs(args, folders):
-    """Every run named on the command line after the grid's own folders, read before anything is drawn: one bad
-    folder is one line, not a half-written figure set."""
+    """Every run named on the command line after the grid's own folders, read before anything is
+    drawn: one bad folder is one line, not a half-written figure set."""
     try:
         return load_runs(args.runs, folders)
     except LogError as e:
@@ -339,7 +372,7 @@ def read_runs(args, folders):
 
 
 def pick_reference(p, args, runs):
-    """The condition the others are paired with: --reference by folder or condition name, else REFERENCE."""
+    """The condition the others pair with: --reference (folder or condition name) or REFERENCE."""
     if args.reference is None:
         return REFERENCE
     known = {run['name'] for run in runs}
@@ -351,44 +384,50 @@ def pick_reference(p, args, runs):
 
 
 def exit_benchmark(groups, runs, max_windows):
-    """diagnose.exit_results on every run's checkpoint, or None (no windows asked for, or a run without ckpt.pt).
-    Run before any figure is written: a bad checkpoint stops everything, in one line."""
+    """diagnose.exit_results on every run's checkpoint, or None (no windows asked for, or a run
+    without ckpt.pt). Run before any figure: a bad checkpoint stops everything, in one line."""
     if max_windows <= 0:
         return None
     if not all(os.path.exists(os.path.join(run['folder'], 'ckpt.pt')) for run in runs):
         print("no early-exit benchmark: some runs have no ckpt.pt")
         return None
-    print(f"early-exit benchmark on {len(runs)} checkpoints (timed: keep the machine otherwise idle)", flush=True)
+    print(f"early-exit benchmark on {len(runs)} checkpoints "
+          "(timed: keep the machine otherwise idle)", flush=True)
     try:
         return diagnose.exit_results(groups, max_windows)
-    except (ValueError, OSError) as e:  # an unreadable checkpoint or dataset: say which, in one line
+    except (ValueError, OSError) as e:  # an unreadable checkpoint or dataset: one line, naming it
         fail(PROG, f"no early-exit benchmark: {e}")
 
 
 def main(argv=None):
-    """Check the flags and the destination, train the grid if asked, read every log, then draw and tabulate."""
+    """Check the flags, train the grid if asked, read every log, then draw and tabulate."""
     p = get_parser()
     args = p.parse_args(argv)
     train_args, names, fig_dir = check_flags(p, args)
-    folders = run_grid(args.config, range(1, args.seeds + 1), args.out_root, train_args, names, args.grid) if args.run else []
+    folders = []
+    if args.run:  # the grid's run folders, trained first (finished runs are reused)
+        seeds = range(1, args.seeds + 1)
+        folders = run_grid(args.config, seeds, args.out_root, train_args, names, args.grid)
     runs = read_runs(args, folders)
     groups = group_runs(runs)
     reference = pick_reference(p, args, runs)
     paired = pair_up(groups, reference)  # from every run: pair_up picks its own step per condition
     groups, behind = caught_up(groups)
     if behind:
-        print("left out of the figures and the first table, behind the other seeds of their condition: "
-              + '; '.join(behind))
+        print("left out of the figures and the first table, behind the other seeds of their "
+              "condition: " + '; '.join(behind))
     exits = exit_benchmark(groups, runs, args.exit_windows)
     for path in plot(groups, fig_dir, paired, reference):
         print(f"wrote {path}")
     print(table(groups, fig_dir, paired, reference, behind))
-    print(f"wrote {os.path.join(fig_dir, 'table.md')}, table.csv" + (' and paired.csv' if paired else ''))
+    print(f"wrote {os.path.join(fig_dir, 'table.md')}, table.csv"
+          + (' and paired.csv' if paired else ''))
     if exits is not None:
         md = markdown(*diagnose.exit_summary(exits))
         write_text(os.path.join(fig_dir, 'exit_table.md'), md + '\n')
         print(md)
-        pareto = diagnose.plot_pareto(exits, os.path.join(fig_dir, 'fig4_pareto.png'), describe(runs), STYLES * 2)
+        pareto = diagnose.plot_pareto(exits, os.path.join(fig_dir, 'fig4_pareto.png'),
+                                      describe(runs), styles(len(exits)))
         print(f"wrote {os.path.join(fig_dir, 'exit_table.md')} and {pareto}")
 
 
