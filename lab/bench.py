@@ -50,7 +50,8 @@ import train  # lab/bench.py times train.py's training step, so it takes train.p
 from lab.report import fail, markdown
 from lab.runs import condition_name, load_model
 from lab.runtime import compile_regions, fmt_mfu, peak_flops, resolve_device, synchronize
-from looped import EXITS, KVCache, LoopedConfig, LoopedGPT
+from lab.engine import EXITS, KVCache, generate, next_logprobs
+from looped import LoopedConfig, LoopedGPT
 
 PROG = 'python -m lab.bench'
 
@@ -179,7 +180,7 @@ def main(argv=None):
 def timed_generate(model, prompt, new, cache):
     """Seconds generate takes for `new` greedy tokens after prompt (B, T), with its KV cache or recomputing."""
     t0 = time.perf_counter()
-    model.generate(prompt, new, top_k=1, cache=cache)
+    generate(model, prompt, new, top_k=1, cache=cache)
     return time.perf_counter() - t0
 
 
@@ -192,7 +193,7 @@ def full_depth_score(model, idx, start, n_loop):
     for t in range(start, idx.size(1)):
         if t - first > block:  # generate's window rule (LoopedGPT.generate)
             first, cache = t - block // 2, KVCache(block)
-        logp, _ = model.next_logprobs(idx[:, first:t], n_loop, cache=cache)
+        logp, _ = next_logprobs(model, idx[:, first:t], n_loop, cache=cache)
         nll.append(-logp.gather(1, idx[:, t:t + 1]).squeeze(1))
         same.append(logp.argmax(-1) == idx[:, t])
     return torch.stack(nll).mean().item(), torch.stack(same).float().mean().item()
@@ -228,7 +229,7 @@ def sharing_cost(model, device, rule, threshold):
     runs = (('full depth, no exit', None, True), ('exit, skipped loops shared (cache)', rule, True),
             ('exit, skipped loops recomputed', rule, False))
     for label, exit_rule, cache in runs:
-        idx, depth = model.generate(prompt, 256, top_k=1, exit_rule=exit_rule, exit_threshold=threshold, cache=cache)
+        idx, depth = generate(model, prompt, 256, top_k=1, exit_rule=exit_rule, exit_threshold=threshold, cache=cache)
         loss, agree = full_depth_score(model, idx, 1, model.config.n_loop)
         rows.append([label, f"{depth.float().mean().item():.2f}", f"{loss:.3f}", f"{agree:.3f}"])
     return rows

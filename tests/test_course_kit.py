@@ -105,7 +105,8 @@ def test_the_full_student_copy_imports_and_fails_every_grader(tmp_path):
         assert f'{name}: see assignments/README.md' in ''.join(
             open(tmp_path / t.split('::')[0]).read() for t in ASSIGNMENTS[name][1])
     # every script imports, and train.py's parser builds (one process: each start costs seconds of torch import)
-    code, out = run([sys.executable, '-c', "import looped, train, sample, plot_norms; from lab import diagnose, bench; "
+    code, out = run([sys.executable, '-c', "import looped, train, sample, plot_norms; "
+                     "from lab import diagnose, bench, engine; "
                      "train.parse_args(['--help'])"], tmp_path)
     assert code == 0 and '--readout' in out, out
     # --tb=line: formatting 77 full tracebacks was half of this test's time; test_autograder reads each failure
@@ -271,7 +272,7 @@ def test_make_student_refuses_to_run_from_a_stripped_copy(tmp_path):
 
 
 def test_reference_files_carry_no_solution_markers():
-    for path in ('looped.py', 'lab/diagnose.py'):
+    for path in ('looped.py', 'lab/engine.py', 'lab/diagnose.py'):
         with open(os.path.join(ROOT, path)) as f:
             text = f.read()
         assert not re.search(r'\ba[1-8]\b|assignment|solution|student|TODO', text, flags=re.I), path

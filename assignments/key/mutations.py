@@ -8,8 +8,9 @@ copy of the repository, and the assignment's grader must fail on it; the referen
     python assignments/key/mutations.py --only=a3,a7    # just these assignments
 
 The graders run in this one process (pytest.main, with every module of the scratch copy re-imported each time),
-so torch is imported once; the 103 mutations take about 25 s on a 2-core machine. tests/test_course_kit.py runs
-it and requires every mutation to be caught by a failing test (not by an import or collection error).
+so torch is imported once; the 119 mutations, with --stubs, took 43 s on a 2-core machine that
+ran about four other jobs. tests/test_course_kit.py runs it and requires every mutation to be caught
+by a failing test (not by an import or collection error).
 """
 
 import argparse
@@ -37,11 +38,11 @@ MUTATIONS = [
     ('a1', 'looped.py', '.float() upcast, which lowers a float64 input',
      'xf = x.to(torch.promote_types(x.dtype, torch.float32))', 'xf = x.float()'),
     ('a1', 'looped.py', 'the gain forgotten',
-     '+ self.eps) * self.weight).type_as(x)', '+ self.eps)).type_as(x)'),
+     'return (xf * rms_inv * self.weight).type_as(x)', 'return (xf * rms_inv).type_as(x)'),
     ('a1', 'looped.py', 'sum of squares instead of the mean',
      'torch.rsqrt(xf.pow(2).mean(-1, keepdim=True)', 'torch.rsqrt(xf.pow(2).sum(-1, keepdim=True)'),
     ('a1', 'looped.py', 'the output left in float32 (no cast back)',
-     '+ self.eps) * self.weight).type_as(x)', '+ self.eps) * self.weight)'),
+     'return (xf * rms_inv * self.weight).type_as(x)', 'return xf * rms_inv * self.weight'),
     ('a1', 'looped.py', 'final_norm normalizes from K - 1 on (off by one)',
      "if self.kind == 'final_norm' and k < self.n_loop:", "if self.kind == 'final_norm' and k < self.n_loop - 1:"),
     ('a1', 'looped.py', 'final_norm normalizes only at exactly K, not beyond',
@@ -65,12 +66,12 @@ MUTATIONS = [
      'r2 = h.pow(2).mean(-1) + eps', 'r2 = h.pow(2).mean(-1)'),
     # ---- A3: LoopedGPT.loops ----
     ('a3', 'looped.py', 'a list instead of a generator (all passes run before the first is used)',
-     '''        e = h
+     '''        c, h = self.config, e
         for k in range(1, n_loop + 1):''',
-     '''        return list(self._all_passes(h, n_loop, intervene))
+     '''        return list(self._all_passes(e, n_loop, edit, cache))
 
-    def _all_passes(self, h, n_loop, intervene=None):
-        e = h
+    def _all_passes(self, e, n_loop, edit=None, cache=None):
+        c, h = self.config, e
         for k in range(1, n_loop + 1):'''),
     ('a3', 'looped.py', 'yield after the inter-loop norm',
      '''            yield k, h
@@ -82,55 +83,88 @@ MUTATIONS = [
             h = h_out
 '''),
     ('a3', 'looped.py', 'an inter-loop norm before pass 1 too',
-     '''            h_in = h
-            h = self.loop_step(self.pass_input(h_in, e, k, n_loop), cache, k)  # (B, T, C)''',
-     '''            h_in = self.inter_norm(h) if self.inter_norm is not None else h
-            h = self.loop_step(self.pass_input(h_in, e, k, n_loop), cache, k)  # (B, T, C)'''),
-    ('a3', 'looped.py', 'the pass input skipped (no injection, no truncation)',
-     'h = self.loop_step(self.pass_input(h_in, e, k, n_loop), cache, k)', 'h = self.loop_step(h_in, cache, k)'),
-    ('a3', 'looped.py', 'pass_input handed a 0-based pass index (truncated backprop cuts one pass late)',
-     'self.pass_input(h_in, e, k, n_loop)', 'self.pass_input(h_in, e, k - 1, n_loop)'),
-    ('a3', 'looped.py', 'pass_input handed the pass index plus one (truncated backprop cuts one pass early)',
-     'self.pass_input(h_in, e, k, n_loop)', 'self.pass_input(h_in, e, k + 1, n_loop)'),
-    ('a3', 'looped.py', 'pass_input handed the trained K instead of the loop count asked for',
-     'self.pass_input(h_in, e, k, n_loop)', 'self.pass_input(h_in, e, k, self.config.n_loop)'),
-    ('a3', 'looped.py', 'pass_input handed the carried state as e (the embedding forgotten)',
-     'self.pass_input(h_in, e, k, n_loop)', 'self.pass_input(h_in, h_in, k, n_loop)'),
-    ('a3', 'looped.py', 'e keeps every row when intervene drops some',
-     '                    e = e[keep]\n', ''),
-    ('a3', 'looped.py', "intervene's result yielded but not carried on (the pass's own output carried instead)",
-     '''            h = self.loop_step(self.pass_input(h_in, e, k, n_loop), cache, k)  # (B, T, C)
-            if intervene is not None:
-                h = intervene(k, h_in, h)
-                if isinstance(h, tuple):  # rows left the batch: e must keep the same rows as h for the next pass
-                    h, keep = h
-                    e = e[keep]
+     'for k in range(1, n_loop + 1):\n',
+     '''for k in range(1, n_loop + 1):
+            if k == 1 and self.inter_norm is not None:
+                h = self.inter_norm(h)
+'''),
+    ('a3', 'looped.py', 'the injection skipped (every pass runs on the carried state alone)',
+     "x = h if c.injection == 'none' else self.inject(h, e)", 'x = h'),
+    ('a3', 'looped.py', "inject called under injection='none' too (the default model needs A8)",
+     "x = h if c.injection == 'none' else self.inject(h, e)", 'x = self.inject(h, e)'),
+    ('a3', 'looped.py', "inject handed (e, h): the carried state and the embedding swapped",
+     "x = h if c.injection == 'none' else self.inject(h, e)",
+     "x = h if c.injection == 'none' else self.inject(e, h)"),
+    ('a3', 'looped.py', 'inject handed the carried state as e (the embedding forgotten)',
+     "x = h if c.injection == 'none' else self.inject(h, e)",
+     "x = h if c.injection == 'none' else self.inject(h, h)"),
+    ('a3', 'looped.py', 'truncated backprop cuts one pass late (a 0-based pass index)',
+     'k == n_loop - c.bptt + 1', 'k == n_loop - c.bptt + 2'),
+    ('a3', 'looped.py', 'truncated backprop cuts one pass early',
+     'k == n_loop - c.bptt + 1', 'k == n_loop - c.bptt'),
+    ('a3', 'looped.py', 'truncated backprop counted from the trained K, not the loops asked for',
+     'k == n_loop - c.bptt + 1', 'k == c.n_loop - c.bptt + 1'),
+    ('a3', 'looped.py', 'truncated backprop ignored (no cut)',
+     'if c.bptt and', 'if False and'),
+    ('a3', 'looped.py', 'bptt >= n_loop cuts before pass 1 (the embedding gets no gradient)',
+     ' and k > 1:', ':'),
+    ('a3', 'looped.py', 'truncated backprop detaches e too (the injections of the last passes cut)',
+     'h = h.detach()', 'h, e = h.detach(), e.detach()'),
+    ('a3', 'looped.py', "residual_scale='inverse_k' ignored",
+     "if c.residual_scale == 'inverse_k':", 'if False:'),
+    ('a3', 'looped.py', 'the 1/K update divided by the loops asked for instead of the trained K',
+     'h = x + (h - x) / c.n_loop', 'h = x + (h - x) / n_loop'),
+    ('a3', 'looped.py', 'the 1/K update measured from the carried state instead of the pass input',
+     'h = x + (h - x) / c.n_loop', 'h = h_in + (h - h_in) / c.n_loop'),
+    ('a3', 'looped.py', 'inverse_k divides the whole output by K, not the update',
+     'h = x + (h - x) / c.n_loop', 'h = h / c.n_loop'),
+    ('a3', 'looped.py', 'edit handed the raw pass output (the 1/K update after edit)',
+     '''            if c.residual_scale == 'inverse_k':
+                h = x + (h - x) / c.n_loop  # the pass's update shrunk by 1/K
+            if edit is not None:
+                h, e = edit(k, h_in, h, e)
+''',
+     '''            if edit is not None:
+                h, e = edit(k, h_in, h, e)
+            if c.residual_scale == 'inverse_k':
+                h = x + (h - x) / c.n_loop
+'''),
+    ('a3', 'looped.py', "edit's h_k yielded but not carried on (the pass's own output carried)",
+     '''            if edit is not None:
+                h, e = edit(k, h_in, h, e)
             yield k, h
 ''',
-     '''            h = h_pass = self.loop_step(self.pass_input(h_in, e, k, n_loop), cache, k)  # (B, T, C)
-            if intervene is not None:
-                h = intervene(k, h_in, h)
-                if isinstance(h, tuple):  # rows left the batch: e must keep the same rows as h for the next pass
-                    h, keep = h
-                    e = e[keep]
+     '''            h_pass = h
+            if edit is not None:
+                h, e = edit(k, h_in, h, e)
             yield k, h
             h = h_pass
 '''),
-    ('a3', 'looped.py', 'intervene called with the output twice (no pass input)',
-     'h = intervene(k, h_in, h)', 'h = intervene(k, h, h)'),
+    ('a3', 'looped.py', 'edit called with the output twice (no pass input)',
+     'h, e = edit(k, h_in, h, e)', 'h, e = edit(k, h, h, e)'),
+    ('a3', 'looped.py', 'edit handed what the pass ran on (after the injection) as h_in',
+     'h, e = edit(k, h_in, h, e)', 'h, e = edit(k, x, h, e)'),
+    ('a3', 'looped.py', 'edit ignored',
+     'h, e = edit(k, h_in, h, e)', 'pass'),
+    ('a3', 'looped.py', "edit's e ignored (e keeps every row when edit drops some)",
+     'h, e = edit(k, h_in, h, e)', 'h, _ = edit(k, h_in, h, e)'),
     ('a3', 'looped.py', 'the carried state detached',
      'h = self.inter_norm(h)', 'h = self.inter_norm(h.detach())'),
     ('a3', 'looped.py', 'stops at the trained K',
      'for k in range(1, n_loop + 1):', 'for k in range(1, min(n_loop, self.config.n_loop) + 1):'),
     ('a3', 'looped.py', 'the carried state detached under residual recurrence (the loss stays right)',
-     '''                h = self.inter_norm(h)''',
-     '''                h = self.inter_norm(h)
-            else:
-                h = h.detach()'''),
+     '''            yield k, h
+''',
+     '''            yield k, h
+            if self.inter_norm is None:
+                h = h.detach()
+'''),
     ('a3', 'looped.py', 'normed recurrence that never normalizes what it carries',
      'h = self.inter_norm(h)', 'h = h'),
-    ('a3', 'looped.py', 'intervene ignored',
-     'h = intervene(k, h_in, h)', 'pass'),
+    ('a3', 'looped.py', "loops drops generation's cache (loop_step without it)",
+     'self.loop_step(x, cache, k)', 'self.loop_step(x)'),
+    ('a3', 'looped.py', 'loops hands loop_step no pass index (every loop reads one cache entry)',
+     'self.loop_step(x, cache, k)', 'self.loop_step(x, cache)'),
     # ---- A4: LoopedGPT.supervision_loss ----
     ('a4', 'looped.py', 'sum instead of mean',
      'return torch.stack(ces).mean()', 'return torch.stack(ces).sum()'),
@@ -152,24 +186,22 @@ MUTATIONS = [
         return ces[-1].detach().requires_grad_()'''),
     # ---- A5: LoopedGPT.norm_penalty ----
     ('a5', 'looped.py', 'squared L2 norm instead of the mean square',
-     'torch.stack([h.float().pow(2).mean() for h in states]).mean()',
-     'torch.stack([h.float().pow(2).sum() for h in states]).mean()'),
+     '[h.float().pow(2).mean() for h in states]', '[h.float().pow(2).sum() for h in states]'),
     ('a5', 'looped.py', 'sum over loops instead of the mean',
-     'torch.stack([h.float().pow(2).mean() for h in states]).mean()',
-     'torch.stack([h.float().pow(2).mean() for h in states]).sum()'),
+     'return self.config.norm_penalty * mean_squares.mean()',
+     'return self.config.norm_penalty * mean_squares.sum()'),
     ('a5', 'looped.py', 'the RMS instead of the mean square',
-     'torch.stack([h.float().pow(2).mean() for h in states]).mean()',
-     'torch.stack([h.float().pow(2).mean().sqrt() for h in states]).mean()'),
+     '[h.float().pow(2).mean() for h in states]',
+     '[h.float().pow(2).mean().sqrt() for h in states]'),
     ('a5', 'looped.py', 'lambda left out',
-     'return self.config.norm_penalty * torch.stack(', 'return torch.stack('),
+     'return self.config.norm_penalty * mean_squares.mean()', 'return mean_squares.mean()'),
     ('a5', 'looped.py', 'the states detached',
      '[h.float().pow(2).mean() for h in states]', '[h.detach().float().pow(2).mean() for h in states]'),
     ('a5', 'looped.py', 'only the last state penalized',
-     'torch.stack([h.float().pow(2).mean() for h in states]).mean()',
-     'torch.stack([h.float().pow(2).mean() for h in states[-1:]]).mean()'),
+     'return self.config.norm_penalty * mean_squares.mean()',
+     'return self.config.norm_penalty * mean_squares[-1:].mean()'),
     ('a5', 'looped.py', 'the mean absolute value instead of the mean square',
-     'torch.stack([h.float().pow(2).mean() for h in states]).mean()',
-     'torch.stack([h.float().abs().mean() for h in states]).mean()'),
+     '[h.float().pow(2).mean() for h in states]', '[h.float().abs().mean() for h in states]'),
     # ---- A6: AlphaNorm.forward ----
     ('a6', 'looped.py', 's not clamped at eps',
      's = hf.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(self.eps)', 's = hf.pow(2).mean(-1, keepdim=True).sqrt()'),
@@ -190,19 +222,19 @@ MUTATIONS = [
     ('a6', 'looped.py', 's as the mean absolute value instead of the RMS',
      's = hf.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(self.eps)', 's = hf.abs().mean(-1, keepdim=True).clamp_min(self.eps)'),
     # ---- A7: exit_passes, exit_depths, calibrate_exit ----
-    ('a7', 'looped.py', 'the latent rule with a strict <',
+    ('a7', 'lab/engine.py', 'the latent rule with a strict <',
      'return latent_change(h, h_prev) <= threshold', 'return latent_change(h, h_prev) < threshold'),
     ('a7', 'lab/diagnose.py', 'exit_depths reads the KL column under the latent rule',
      '        kl = latent\n', '        kl = kl\n'),
-    ('a7', 'looped.py', 'KL reversed: KL(p_{k-1} || p_k)',
+    ('a7', 'lab/engine.py', 'KL reversed: KL(p_{k-1} || p_k)',
      'return (logp.exp() * (logp - logp_prev)).sum(dim=-1) <= threshold',
      'return (logp_prev.exp() * (logp_prev - logp)).sum(dim=-1) <= threshold'),
-    ('a7', 'looped.py', 'the KL rule passes at loop 1',
+    ('a7', 'lab/engine.py', 'the KL rule passes at loop 1',
      'return torch.zeros(logp.shape[:-1], dtype=torch.bool, device=logp.device)',
      'return torch.ones(logp.shape[:-1], dtype=torch.bool, device=logp.device)'),
-    ('a7', 'looped.py', 'confidence read from the first token instead of the top one',
+    ('a7', 'lab/engine.py', 'confidence read from the first token instead of the top one',
      'return logp.max(dim=-1).values.exp() >= threshold', 'return logp[..., 0].exp() >= threshold'),
-    ('a7', 'looped.py', 'a strict > in the confidence rule',
+    ('a7', 'lab/engine.py', 'a strict > in the confidence rule',
      'return logp.max(dim=-1).values.exp() >= threshold', 'return logp.max(dim=-1).values.exp() > threshold'),
     ('a7', 'lab/diagnose.py', 'the last loop does not always answer',
      '    passes[:, K - 1] = True  # the last loop always answers\n', ''),
@@ -215,7 +247,7 @@ MUTATIONS = [
      'ppl = math.exp(ce[np.arange(len(d)), d - 1].mean())', 'ppl = float(np.exp(ce[np.arange(len(d)), d - 1]).mean())'),
     ('a7', 'lab/diagnose.py', 'the tolerance ignored',
      'if ppl <= full * (1 + tolerance) and d.mean() < best[1]:', 'if d.mean() < best[1]:'),
-    ('a7', 'looped.py', 'the confidence rule on the top log-probability (no exp)',
+    ('a7', 'lab/engine.py', 'the confidence rule on the top log-probability (no exp)',
      'return logp.max(dim=-1).values.exp() >= threshold', 'return logp.max(dim=-1).values >= threshold'),
     ('a7', 'lab/diagnose.py', 'a strict > in exit_depths (a top probability equal to the threshold does not exit)',
      "passes = pmax[:, :K] >= threshold if", "passes = pmax[:, :K] > threshold if"),
@@ -247,19 +279,19 @@ MUTATIONS = [
     ('a7', 'lab/diagnose.py', "the confidence rule's never-exit threshold 1.0 (a top probability of 1 still exits)",
      "best = (math.inf if rule == 'confidence' else -math.inf, float(K), full)",
      "best = (1.0 if rule == 'confidence' else -math.inf, float(K), full)"),
-    ('a7', 'looped.py', "the latent rule divides the change by the new state's norm ||h_k||",
+    ('a7', 'lab/engine.py', "the latent rule divides the change by the new state's norm ||h_k||",
      'return latent_change(h, h_prev) <= threshold',
      'return (h - h_prev).norm(dim=-1) / h.norm(dim=-1) <= threshold'),
-    ('a7', 'looped.py', 'the latent rule divides the change by the mean of the two norms',
+    ('a7', 'lab/engine.py', 'the latent rule divides the change by the mean of the two norms',
      'return latent_change(h, h_prev) <= threshold',
      'return 2 * (h - h_prev).norm(dim=-1) / (h.norm(dim=-1) + h_prev.norm(dim=-1)) <= threshold'),
-    ('a7', 'looped.py', 'the latent rule on the change of the norms instead of the norm of the change',
+    ('a7', 'lab/engine.py', "the latent rule on the change of the norms, not the change's norm",
      'return latent_change(h, h_prev) <= threshold',
      'return (h.norm(dim=-1) - h_prev.norm(dim=-1)).abs() / h_prev.norm(dim=-1) <= threshold'),
-    ('a7', 'looped.py', 'the KL rule without the p_k weights (a plain sum of log-ratios)',
+    ('a7', 'lab/engine.py', 'the KL rule without the p_k weights (a plain sum of log-ratios)',
      'return (logp.exp() * (logp - logp_prev)).sum(dim=-1) <= threshold',
      'return (logp - logp_prev).sum(dim=-1) <= threshold'),
-    ('a7', 'looped.py', 'the KL rule averaged over the vocabulary instead of summed',
+    ('a7', 'lab/engine.py', 'the KL rule averaged over the vocabulary instead of summed',
      'return (logp.exp() * (logp - logp_prev)).sum(dim=-1) <= threshold',
      'return (logp.exp() * (logp - logp_prev)).mean(dim=-1) <= threshold'),
     ('a7', 'lab/diagnose.py', "latent candidates from loops 2..K (the KL rule's pool)",
@@ -269,17 +301,21 @@ MUTATIONS = [
     ('a7', 'lab/diagnose.py', "the latent rule's never-exit threshold +inf (which exits every token at loop 1)",
      "best = (math.inf if rule == 'confidence' else -math.inf, float(K), full)",
      "best = (-math.inf if rule == 'kl' else math.inf, float(K), full)"),
+    ('a7', 'lab/engine.py', 'exit_passes returns floats, not bools (generation cannot use them)',
+     'return logp.max(dim=-1).values.exp() >= threshold',
+     'return (logp.max(dim=-1).values.exp() >= threshold).float()'),
+    ('a7', 'lab/engine.py', 'the KL rule subtracts in place (what generation samples from changes)',
+     'return (logp.exp() * (logp - logp_prev)).sum(dim=-1) <= threshold',
+     'return (logp.exp() * logp.sub_(logp_prev)).sum(dim=-1) <= threshold'),
     # ---- A8: LoopedGPT.inject, Block.sandwich_forward ----
     ('a8', 'looped.py', "add returns h alone (no injection: pass 1 runs on e, not 2e)",
-     "return h + e if self.config.injection == 'add' else", "return h if self.config.injection == 'add' else"),
+     '            return h + e\n', '            return h\n'),
     ('a8', 'looped.py', 'add returns the mean (h + e) / 2',
-     "return h + e if self.config.injection == 'add' else",
-     "return (h + e) / 2 if self.config.injection == 'add' else"),
+     '            return h + e\n', '            return (h + e) / 2\n'),
     ('a8', 'looped.py', 'add replaces the state by e',
-     "return h + e if self.config.injection == 'add' else", "return e if self.config.injection == 'add' else"),
+     '            return h + e\n', '            return e\n'),
     ('a8', 'looped.py', 'add with e detached (the embedding learns nothing through the injection)',
-     "return h + e if self.config.injection == 'add' else",
-     "return h + e.detach() if self.config.injection == 'add' else"),
+     '            return h + e\n', '            return h + e.detach()\n'),
     ('a8', 'looped.py', 'concat with h and e swapped, W [e; h] (at initialization the pass runs on e)',
      'self.adapter(torch.cat([h, e], dim=-1))', 'self.adapter(torch.cat([e, h], dim=-1))'),
     ('a8', 'looped.py', 'concat of h with itself (e never gets in)',
@@ -294,6 +330,9 @@ MUTATIONS = [
      'self.adapter(torch.cat([h, e], dim=-1))', 'F.linear(torch.cat([h, e], dim=-1), self.adapter.weight.detach())'),
     ('a8', 'looped.py', 'concat as h + e (the adapter left out)',
      'self.adapter(torch.cat([h, e], dim=-1))', '(h + e)'),
+    ('a8', 'looped.py', "sandwich drops its kv (generation's cached keys and values never reached)",
+     'x = self.post_attn(x + self.attn(self.norm_1(x), kv))',
+     'x = self.post_attn(x + self.attn(self.norm_1(x)))'),
     ('a8', 'looped.py', "sandwich without post_attn (the attention's sum not normalized)",
      'x = self.post_attn(x + self.attn(self.norm_1(x), kv))', 'x = x + self.attn(self.norm_1(x), kv)'),
     ('a8', 'looped.py', "sandwich without post_mlp (the layer does not end in a norm)",

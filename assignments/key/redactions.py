@@ -20,15 +20,17 @@ REDACTIONS = [
      "    # 'own CE': loop k's cross-entropy through its readout alone; 'training': the whole objective\n"),
     # A4 Q3 and A5 Q1 ask what the runs show
     ('train.py',
-     '    python train.py --readout=rmsnorm --norm_penalty=0      # the blind spot: ||h_K|| climbs\n'
-     '    python train.py --readout=raw                           # scale visible to the loss: ||h_K|| stays small\n',
-     '    python train.py --readout=rmsnorm --norm_penalty=0      # the scale-invariant readout, no penalty\n'
-     '    python train.py --readout=raw                           # no norm before the head\n'),
-    # A6 Q2 asks which way alpha moves under terminal supervision
-    ('looped.py',
-     "    alpha = sigmoid(logit) is learned from 0.5 unless fixed; log s_ref is learned too (an EMA of the batch's\n"
-     "    log s, the other option, let alpha collapse to 0 under terminal cross-entropy).\"\"\"\n",
-     "    alpha = sigmoid(logit) is learned from 0.5 unless fixed; log s_ref is learned too.\"\"\"\n"),
+     '    python train.py --readout=rmsnorm --norm_penalty=0  '
+     '# the blind spot: ||h_K|| climbs\n'
+     '    python train.py --readout=raw                       '
+     '# scale seen by the loss: ||h_K|| small\n',
+     '    python train.py --readout=rmsnorm --norm_penalty=0  '
+     '# the scale-invariant readout, no penalty\n'
+     '    python train.py --readout=raw                       # no norm before the head\n'),
+    # A5 Q2 asks for the depth-4 loss of the laptop run: an example line must not quote its log
+    ('train.py',
+     "'eval 500: val loss by depth 2.246 2.232 2.235 2.244 | 2K 2.374 | ||h_k|| 752.1 ...'",
+     "'eval 500: val loss by depth 2.5 2.4 2.3 2.2 | 2K 2.6 | ||h_k|| 700.0 ...'"),
     # pointers at sections of the project README, which the copy replaces with the student README: optional
     # (False), since no answer ships if one disappears from the source; the instructor check finds any new one
     ('looped.py', ' (README: "Where this differs from the paper").', '.', False),
@@ -37,4 +39,6 @@ REDACTIONS = [
      False),
     ('data/shakespeare_char/prepare.py', 'so the counts differ from the README\'s")',
      'so the counts differ from the classic file\'s")', False),
+    # a pointer at the project's test suite, which the copy leaves out
+    ('lab/engine.py', ' (tests/test_generation.py pins\nit) while', '\nwhile', False),
 ]

@@ -104,3 +104,39 @@ def short_run(tmp_path_factory, *flags):
     with open(out / 'log.jsonl') as f:
         record = [json.loads(line) for line in f][-1]
     return record['hidden_norm'][:4]
+
+
+def generated_both_ways(model, prompt, n_new, n_loop, seed=7):
+    """n_new tokens after prompt, drawn twice with the same seed: by model.generate (looped.py:
+    every token from the whole window rerun) and by lab.engine.generate with its KV cache (a new
+    token runs over its own position; the earlier ones are cached). Returns (plain tokens, cached
+    tokens, the depths the engine reports, and per step the largest difference between the two
+    log-probability vectors the tokens were drawn from)."""
+    import torch.nn.functional as F
+    from lab import engine
+    plain_logp, cached_logp = [], []
+
+    def forward(*args, **kw):  # model.generate calls the model once per token
+        logits, loss, stats = type(model).forward(model, *args, **kw)
+        plain_logp.append(F.log_softmax(logits[:, -1, :].float(), dim=-1))
+        return logits, loss, stats
+    model.forward = forward
+    try:
+        torch.manual_seed(seed)
+        plain = model.generate(prompt, n_new, n_loop=n_loop)
+    finally:
+        del model.forward
+    step = engine.next_logprobs
+
+    def next_logprobs(*args, **kw):  # the engine draws each token from what this returns
+        logp, depth = step(*args, **kw)
+        cached_logp.append(logp)
+        return logp, depth
+    engine.next_logprobs = next_logprobs
+    try:
+        torch.manual_seed(seed)
+        cached, depth = engine.generate(model, prompt, n_new, n_loop=n_loop, cache=True)
+    finally:
+        engine.next_logprobs = step
+    diffs = [(a - b).abs().max().item() for a, b in zip(plain_logp, cached_logp)]
+    return plain, cached, depth, diffs

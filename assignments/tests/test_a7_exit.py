@@ -1,15 +1,19 @@
-"""A7 grader: looped.exit_passes, diagnose.exit_depths and diagnose.calibrate_exit on cases with known answers.
-PYTEST_DONT_REWRITE"""
+"""A7 grader: exit_passes (lab/engine.py), diagnose.exit_depths and diagnose.calibrate_exit on cases
+with known answers, and exit_passes inside generation (lab.engine.generate, with its KV cache and
+without). PYTEST_DONT_REWRITE"""
 
 import math
 
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
+from lab import engine
 from lab.diagnose import calibrate_exit, exit_depths
-from grading import distinct, one_thread  # noqa: F401 (one_thread: autouse, torch on one thread here)
-from looped import exit_passes
+from lab.engine import exit_passes
+from grading import distinct, tiny, one_thread  # noqa: F401 (one_thread: autouse)
+from looped import sample
 
 LEVELS = np.linspace(0, 1, 201)  # the handout's candidate levels: 0, 0.005, ..., 1
 
@@ -353,3 +357,108 @@ def test_when_no_threshold_exits_early_calibration_returns_the_never_exit_value(
         f"expected K = {K} and depth K's perplexity {full!r}"
     depths = exit_depths(rule, t, pmax, kl, K, latent)
     assert (depths == K).all(), f"{rule} rule: the never-exit threshold {t!r} still exits some tokens before K"
+
+
+# ---- exit_passes inside generation ----
+
+K_GEN = 4  # the generation tests' model: grading.tiny with K = 4 loops
+
+
+def prompt_batch(B=6, T=8, seed=2):
+    return torch.randint(11, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def last_position_by_hand(model, prompt):
+    """The last position's log-probabilities (B, K, V) at every loop and its states (B, K + 1, C),
+    h_0 = e first, from the plain loop over the whole prompt (no cache, no exit)."""
+    with torch.no_grad():
+        e = model.embed(prompt)
+        logps, states = [], [e[:, -1]]
+        for k, h in model.loops(e, K_GEN):
+            logps.append(F.log_softmax(model.readout_logits(h[:, -1:], k)[:, -1].float(), -1))
+            states.append(h[:, -1])
+    return torch.stack(logps, 1).double(), torch.stack(states, 1).double()
+
+
+def rule_by_hand(rule, logps, states):
+    """Each loop's signal (B, K) and whether a smaller value exits ('kl', 'latent') or a larger
+    one ('confidence'), computed here; the KL has no value at loop 1 (nan)."""
+    if rule == 'confidence':
+        return logps.exp().max(-1).values, False
+    if rule == 'kl':
+        kl = (logps[:, 1:].exp() * (logps[:, 1:] - logps[:, :-1])).sum(-1)
+        return torch.cat([torch.full_like(kl[:, :1], math.nan), kl], 1), True
+    change = (states[:, 1:] - states[:, :-1]).norm(dim=-1) / states[:, :-1].norm(dim=-1)
+    return change, True
+
+
+def split_by_hand(rule, model, prompt):
+    """A threshold halfway between two signal values of loops 1..K-1 (so that no signal equals
+    it), chosen so that some rows exit early and some run all K loops, with each row's exit loop
+    and its log-probabilities there, all by hand."""
+    logps, states = last_position_by_hand(model, prompt)
+    signal, smaller = rule_by_hand(rule, logps, states)
+    pool = signal[:, :K_GEN - 1].flatten()
+    pool = pool[~pool.isnan()].sort().values
+    mid = len(pool) // 2
+    t = (pool[mid - 1] + pool[mid]).item() / 2
+    passes = (signal <= t if smaller else signal >= t) & ~signal.isnan()
+    passes[:, K_GEN - 1] = True  # the last loop always answers
+    depth = passes.int().argmax(1) + 1
+    return t, depth, logps[torch.arange(len(depth)), depth - 1]
+
+
+def generated(model, prompt, n, rule, t, cache):
+    """lab.engine.generate's tokens and depths, failing with a sentence if it cannot use what
+    exit_passes returns."""
+    try:
+        return engine.generate(model, prompt, n, exit_rule=rule, exit_threshold=t, cache=cache)
+    except RuntimeError as err:  # NotImplementedError too: torch's, for an op on the wrong dtype
+        if 'assignments/README.md' in str(err):
+            raise  # the unwritten stub
+        raise AssertionError(
+            f"generation under the {rule} rule could not use what exit_passes returned ({err}): "
+            f"return a bool tensor with one entry per row, as generation combines it with & and "
+            f"~") from None
+
+
+@pytest.mark.parametrize('rule', ['confidence', 'kl', 'latent'])
+def test_generation_exits_each_row_where_the_rule_first_passes(rule):
+    """lab.engine.generate with a KV cache, one new token: each row exits at the first loop whose
+    readout passes the rule, computed here by hand from the plain loop (K when none does), and
+    samples its token from that loop's distribution (the same seed draws the same token)."""
+    model = tiny(n_loop=K_GEN).eval()
+    prompt = prompt_batch()
+    t, want, logp = split_by_hand(rule, model, prompt)
+    assert 1 < len(set(want.tolist())), f"the grader's threshold exits no row early ({rule})"
+    torch.manual_seed(5)
+    out, depth = generated(model, prompt, 1, rule, t, True)
+    assert depth[:, 0].tolist() == want.tolist(), (
+        f"{rule} rule at threshold {t:.6g}: generation exited the rows at loops "
+        f"{depth[:, 0].tolist()}, and by hand they exit at {want.tolist()} (the first loop whose "
+        f"readout passes, K = {K_GEN} when none does): check exit_passes on a batch of rows, "
+        f"(B, V) log-probabilities and (B, C) states")
+    torch.manual_seed(5)
+    expected = sample(logp.float())[:, 0]
+    assert out[:, -1].tolist() == expected.tolist(), (
+        f"{rule} rule: generation exited at the right loops but sampled other tokens than each "
+        f"row's exit loop's distribution gives with the same seed: exit_passes must not change "
+        f"the log-probabilities or states it is given (no in-place operations on them)")
+
+
+@pytest.mark.parametrize('rule', ['confidence', 'kl', 'latent'])
+def test_cached_generation_under_a_rule_gives_its_recomputes_tokens_and_depths(rule):
+    """24 new tokens under each rule (the window restarts at block_size 16): with the KV cache
+    and with every window recomputed (cache=False), the same seed gives the same tokens and the
+    same exit loop for every token, and the rule exits early somewhere."""
+    model = tiny(n_loop=K_GEN).eval()
+    prompt = prompt_batch(B=3)
+    t, _, _ = split_by_hand(rule, model, prompt)
+    torch.manual_seed(6)
+    cached, depth_cached = generated(model, prompt, 24, rule, t, True)
+    torch.manual_seed(6)
+    plain, depth_plain = generated(model, prompt, 24, rule, t, False)
+    assert torch.equal(cached, plain) and torch.equal(depth_cached, depth_plain), (
+        f"{rule} rule: generation with the KV cache and without it gave different tokens or exit "
+        f"loops for the same seed: exit_passes must depend on its arguments only")
+    assert depth_cached.min().item() < K_GEN, f"the {rule} rule never exited early here"

@@ -1,11 +1,12 @@
 """A8 grader: LoopedGPT.inject and Block.sandwich_forward (looped.py), the field's designs, against invariants and
 computations done here by hand: what concat computes at initialization, what add's first pass runs on, what the
-adapter's two halves do, and the RMS a sandwich layer hands on. PYTEST_DONT_REWRITE"""
+adapter's two halves do, and the RMS a sandwich layer hands on; and both designs inside generation
+with its KV cache (lab/engine.py) against the plain model.generate. PYTEST_DONT_REWRITE"""
 
 import pytest
 import torch
 
-from grading import check_close, tiny, one_thread  # noqa: F401 (one_thread: autouse, torch on one thread here)
+from grading import check_close, generated_both_ways, tiny, one_thread  # noqa: F401
 from looped import Block, LoopedConfig
 
 
@@ -187,3 +188,40 @@ def test_a_sandwich_model_hands_on_every_state_at_the_gain():
         rms = h.pow(2).mean(-1).sqrt()
         check_close(rms, torch.full_like(rms, 0.7), f"block='sandwich': the RMS per token of h_{k} from h_0 of "
                     f"RMS 1000, against the last block's post_mlp gain 0.7", rtol=1e-4, atol=1e-6)
+
+
+def with_random_gains_and_adapter(model, seed=9):
+    """Every RMSNorm gain drawn from [0.5, 1.5] and, under concat, a random adapter W (so that e
+    gets in): no part of a design can stand in for another in what generation samples."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.split('.')[-2] in ('norm_1', 'norm_2', 'post_attn', 'post_mlp'):
+                p.copy_(0.5 + torch.rand(p.shape, generator=g))
+        if model.adapter is not None:
+            model.adapter.weight.copy_(torch.randn(32, 64, generator=g) / 6)
+    return model
+
+
+@pytest.mark.parametrize('design', [dict(injection='add'), dict(injection='concat'),
+                                    dict(block='sandwich')], ids=['add', 'concat', 'sandwich'])
+def test_cached_generation_gives_the_plain_generations_tokens(design):
+    """Generation's KV cache (lab/engine.py) runs a new token's passes over its own position only:
+    inject gets that position's state and embedding, and each sandwich layer's attention must
+    reach the cached keys and values of the earlier positions through its kv argument. With the
+    same seed lab.engine.generate with cache=True must sample the very tokens model.generate
+    samples (the whole window rerun for every token), from the same log-probabilities (to 1e-4),
+    at the trained depth K = 3 and at 5 loops, across a restart of the window (block_size 16)."""
+    model = with_random_gains_and_adapter(tiny(**design).eval())
+    prompt = torch.randint(11, (2, 5), generator=torch.Generator().manual_seed(4))
+    name = ', '.join(f"{k}='{v}'" for k, v in design.items())
+    hint = ("hand kv to the attention, self.attn(self.norm_1(x), kv), as Block.forward does"
+            if 'block' in design else
+            "inject must act on each position's own h and e, whatever the number of positions")
+    for n_loop in (3, 5):
+        plain, cached, _, diffs = generated_both_ways(model, prompt, 20, n_loop)
+        bad = [i for i, d in enumerate(diffs) if not d <= 1e-4]
+        assert torch.equal(plain, cached) and len(diffs) == 20 and not bad, (
+            f"{name}, n_loop={n_loop}: generation with the KV cache drew its tokens from other "
+            f"log-probabilities than model.generate (off by up to {max(diffs):.3g}, first at new "
+            f"token {bad[0] + 1 if bad else '?'} of 20): {hint}")
