@@ -72,7 +72,7 @@ class LoopedConfig:
     block: str = 'prenorm'  # each sublayer x + f(norm(x)), or sandwich: norm(x + f(norm(x)))
     depth_sampling: str = 'fixed'  # training only: K loops every step, or a drawn count of mean K
     residual_scale: str = 'none'  # inverse_k: each pass's update scaled by 1/K
-    bptt: int = 0  # backprop through the last bptt passes only; 0: all of them
+    bptt: int = 0  # the last exit's loss reaches the last bptt passes only; 0: all of them
     tie_weights: Optional[bool] = None  # the head shares wte's weight; unset: tied unless gpt2
     attention: str = 'sdpa'  # fused kernels (sdpa), or the same math spelled out (manual)
     norm_eps: float = 1e-6  # epsilon of every RMSNorm, as in the authors' release
@@ -105,7 +105,7 @@ class LoopedConfig:
 
 
 class RMSNorm(nn.Module):
-    """x / rms(x) * g. Scale-invariant: RMSNorm(a * x) == RMSNorm(x) for any a > 0 (up to eps)."""
+    """x / rms(x) * weight: scale-invariant, RMSNorm(a * x) == RMSNorm(x) for any a > 0."""
 
     def __init__(self, dim, eps):
         super().__init__()
@@ -126,10 +126,10 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         self.n_head, self.dropout, self.attention = config.n_head, config.dropout, config.attention
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=False)  # q, k, v at once
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
-        # dropout acts on the attention probabilities only, as in the authors' layer
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)  # no dropout after it
+        # the causal mask, for 'manual' and for T new queries after L - T cached keys
         mask = torch.tril(torch.ones(config.block_size, config.block_size, dtype=torch.bool))
-        self.register_buffer('mask', mask, persistent=False)  # 'manual', and chunks after a cache
+        self.register_buffer('mask', mask, persistent=False)
 
     def forward(self, x, kv=None):
         """x (B, T, C) -> (B, T, C). kv, from generation's cache (lab/engine.py), takes this call's
@@ -139,11 +139,11 @@ class CausalSelfAttention(nn.Module):
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         if kv is not None:
             k, v = kv(k, v)                                           # (B, nh, L, hs), L >= T
-        L, p = k.size(2), self.dropout if self.training else 0.0
+        L, p = k.size(2), self.dropout if self.training else 0.0     # dropout on the probabilities
         if self.attention == 'sdpa':
             mask = None if T in (1, L) else self.mask[L - T:L, :L]  # (T, L) after a cache
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
-                                               is_causal=T == L > 1)
+                                               is_causal=(T == L and T > 1))
         else:
             att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))   # (B, nh, T, L)
             att = att.masked_fill(~self.mask[L - T:L, :L], float('-inf'))
@@ -303,7 +303,7 @@ class LoopedGPT(nn.Module):
         pos = torch.arange(t0, t0 + idx.size(1), device=idx.device)
         h = self.drop(self.wte(idx) + self.wpe(pos))
         for i, block in enumerate(self.prelude):
-            h = block(h, cache and cache.layer('prelude', i))
+            h = block(h, cache and cache.layer('prelude', i))  # kv: None without a cache
         return h
 
     def inject(self, h, e):
@@ -316,7 +316,7 @@ class LoopedGPT(nn.Module):
     def loop_step(self, h, cache=None, k=None):
         """One pass through the shared stack, (B, T, C) -> (B, T, C): every layer once, in order."""
         for i, block in enumerate(self.blocks):
-            h = block(h, cache and cache.layer('loop', k, i))  # kv: None without a cache
+            h = block(h, cache and cache.layer('loop', k, i))  # k names the cache entry
         return h
 
     def loops(self, e, n_loop, edit=None, cache=None):
@@ -327,12 +327,12 @@ class LoopedGPT(nn.Module):
         c, h = self.config, e
         for k in range(1, n_loop + 1):
             if c.bptt and k == n_loop - c.bptt + 1 and k > 1:
-                h = h.detach()              # truncated backprop: no gradient reaches earlier passes
-            h_in = h                        # the carried state: h_{k-1}, or its norm if 'normed'
+                h = h.detach()              # truncated backprop: the later losses stop here
+            h_in = h                        # the carried state: h_{k-1}, or RMSNorm(h_{k-1})
             x = h if c.injection == 'none' else self.inject(h, e)      # what pass k runs on
             h = self.loop_step(x, cache, k)                            # (B, T, C)
             if c.residual_scale == 'inverse_k':
-                h = x + (h - x) / c.n_loop  # the pass's update shrunk by 1/K
+                h = x + (h - x) / c.n_loop  # the update shrunk by 1/K, K the trained count
             if edit is not None:
                 h, e = edit(k, h_in, h, e)
             yield k, h
@@ -378,7 +378,7 @@ class LoopedGPT(nn.Module):
         Returns (logits, loss, stats): logits (B, T, V) of the last loop, or (B, 1, V) for the last
         position without targets; the training loss (None without targets); stats: 'hidden_norm'
         (n_loop,), the mean ||h_k|| over tokens, and 'ce' (n_loop,), every loop's cross-entropy."""
-        T, K = idx.size(1), n_loop or self.config.n_loop
+        T, K = idx.size(1), n_loop or self.config.n_loop              # K: the depth run here
         if T > self.config.block_size:
             raise ValueError(f"sequence of length {T} is longer than "
                              f"block_size={self.config.block_size}")

@@ -40,10 +40,12 @@ def exit_passes(rule, threshold, logp, logp_prev, h=None, h_prev=None):
     Returns a bool tensor (...)."""
     if rule == 'confidence':
         return logp.max(dim=-1).values.exp() >= threshold
-    if (logp_prev if rule == 'kl' else h_prev) is None:
+    if (rule == 'kl' and logp_prev is None) or (rule == 'latent' and h_prev is None):
         return torch.zeros(logp.shape[:-1], dtype=torch.bool, device=logp.device)
     if rule == 'latent':
         return latent_change(h, h_prev) <= threshold
+    if rule != 'kl':
+        raise ValueError(f"exit rule {rule!r} is not one of {', '.join(EXITS)}")
     return (logp.exp() * (logp - logp_prev)).sum(dim=-1) <= threshold
 
 
@@ -76,7 +78,9 @@ class KVCache:
             skipped = depth < j                               # (B,): rows that stopped before j
             for kind, k, i in [key for key in self.kv if key[0] != 'prelude' and key[1] == j - 1]:
                 src = self.kv[kind, k, i]
-                dst = self.kv.setdefault((kind, j, i), tuple(map(torch.zeros_like, src)))
+                if (kind, j, i) not in self.kv:                 # a loop no row has run yet
+                    self.kv[kind, j, i] = tuple(map(torch.zeros_like, src))
+                dst = self.kv[kind, j, i]
                 for to, fro in zip(dst, src):
                     to[skipped, :, t] = fro[skipped, :, t]
 
@@ -125,7 +129,8 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, n_loop=Non
              exit_threshold=None, cache=True):
     """Append max_new_tokens sampled tokens to idx (B, T), each sequence exiting at its own loop by
     an exit rule. cache: True keeps a KVCache; False recomputes the window for every token (with a
-    rule it also recomputes what the cache shares); or a fresh KVCache to fill.
+    rule the two differ: recomputing reruns the context through every loop where the cache shares
+    an exited token's keys and values); or a fresh KVCache to fill.
     Returns (idx, depth): depth (B, max_new_tokens) is the loop each new token exited at."""
     K, block = n_loop or model.config.n_loop, model.config.block_size
     cache = KVCache(block) if cache is True else cache or None

@@ -262,7 +262,7 @@ MUTATIONS = [
     ('dropout on the attention projection', 'looped.py', '        return self.c_proj(y)',
      '        return F.dropout(self.c_proj(y), self.dropout, self.training)', ['tests/test_model.py']),
     ('attention not causal', 'looped.py',
-     'is_causal=T == L > 1)',
+     'is_causal=(T == L and T > 1))',
      'is_causal=False)',
      ['tests/test_model.py::test_sdpa_matches_manual_attention']),
     # ---- early exit and its calibration
