@@ -120,7 +120,7 @@ MUTATIONS = [
      'h = x + (h - x) / c.n_loop', 'h = h / c.n_loop'),
     ('a3', 'looped.py', 'edit handed the raw pass output (the 1/K update after edit)',
      '''            if c.residual_scale == 'inverse_k':
-                h = x + (h - x) / c.n_loop  # the pass's update shrunk by 1/K
+                h = x + (h - x) / c.n_loop  # the update shrunk by 1/K, K the trained count
             if edit is not None:
                 h, e = edit(k, h_in, h, e)
 ''',
