@@ -38,7 +38,6 @@ import torch
 
 from data.common import write_atomically
 from lab.configs import LABELS, NAMED, TAGS, variant_fields
-from lab.runtime import fmt_mfu
 from looped import LoopedConfig, LoopedGPT
 
 FILES = ('log.jsonl', 'ckpt.pt', 'run.lock')
@@ -382,25 +381,6 @@ def kept(run):
 def fmt_time(s):
     s = int(s)
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
-
-
-# ---- what a run prints: an evaluation line at every evaluation, a progress line every log_interval steps
-
-def eval_line(record, K):
-    """The evaluation line: validation loss at depths 1..K and 2K, ||h_k|| at loops 1..K and 2K, alpha if learned."""
-    val_loss, val_norm = record['val_loss'], record['hidden_norm']
-    return (f"eval {record['step']}: val loss by depth " + ' '.join(f'{v:.3f}' for v in val_loss[:K])
-            + f" | 2K {val_loss[-1]:.3f} | ||h_k|| " + ' '.join(f'{v:.1f}' for v in val_norm[:K])
-            + f" | 2K {val_norm[-1]:.1f}" + (f" | alpha {record['alpha']:.3f}" if 'alpha' in record else ''))
-
-
-def progress_line(step, max_iters, train_ces, stats, dt, tokens_per_step, flops_per_token, peak, eta, r=None):
-    """The progress line: mean training loss since the last one, ||h_K|| now (h_r under sampled depth, with r),
-    speed, MFU and time left."""
-    return (f"step {step}/{max_iters} | loss {torch.stack(train_ces).mean().item():.4f} | "
-            + (f"r {r} | ||h_r|| " if r is not None else "||h_K|| ") +
-            f"{stats['hidden_norm'][-1].item():.1f} | {dt * 1000:.0f} ms/step | {tokens_per_step / dt:,.0f} tok/s | "
-            f"MFU {fmt_mfu(tokens_per_step / dt, flops_per_token, peak)} | ETA {fmt_time(eta)}")
 
 
 def fail(e):

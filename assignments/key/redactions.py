@@ -27,10 +27,6 @@ REDACTIONS = [
      '    python train.py --readout=rmsnorm --norm_penalty=0  '
      '# the scale-invariant readout, no penalty\n'
      '    python train.py --readout=raw                       # no norm before the head\n'),
-    # A5 Q2 asks for the depth-4 loss of the laptop run: an example line must not quote its log
-    ('train.py',
-     "'eval 500: val loss by depth 2.246 2.232 2.235 2.244 | 2K 2.374 | ||h_k|| 752.1 ...'",
-     "'eval 500: val loss by depth 2.5 2.4 2.3 2.2 | 2K 2.6 | ||h_k|| 700.0 ...'"),
     # pointers at sections of the project README, which the copy replaces with the student README: optional
     # (False), since no answer ships if one disappears from the source; the instructor check finds any new one
     ('looped.py', ' (README: "Where this differs from the paper").', '.', False),
