@@ -14,4 +14,5 @@ loop train.py, at the repository's root; the tools here run from the root as `py
     atlas          the field's designs under rmsnorm and raw (python -m lab.atlas)
     norm_course    the norm's course over long training (python -m lab.norm_course)
     bench          the training step's speed (python -m lab.bench)
+    compare        this checkout's step and generation timed against another's (python -m lab.compare)
 """

@@ -102,3 +102,20 @@ def test_generation_tokens_per_second_count_every_sequence_of_the_batch(monkeypa
     assert [row[:2] for row in rows] == [[1, 256], [1, 1024], [8, 256], [8, 1024]]
     for batch, new, cached, recomputed, ratio in rows:
         assert cached == f"{batch * 1000:,}" and recomputed == f"{batch * 250:,}" and ratio == '4.0x'
+
+
+def test_compare_times_this_checkout_against_another_and_refuses_a_folder_without_a_model(tmp_path):
+    """python -m lab.compare against this checkout itself: one row per measure, each with both times and two
+    ratios; a folder with no looped.py is one line and exit 1."""
+    r = subprocess.run([sys.executable, '-m', 'lab.compare', '--against=.', '--rounds=1', '--gen_rounds=1',
+                        '--tokens=8'],
+                       cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    rows = [line for line in r.stdout.splitlines() if line.startswith('| ') and 'ms' in line]
+    assert [row.split(' | ')[0] for row in rows] == ['| cached generation, batch 1 (ms a token)',
+                                                     '| cached generation, batch 8 (ms a token)',
+                                                     '| training step (ms)']
+    assert all(len(row.strip(' |').split(' | ')) == 5 for row in rows)
+    r = subprocess.run([sys.executable, '-m', 'lab.compare', f'--against={tmp_path}'], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and r.stderr.count('\n') == 1 and 'no looped.py' in r.stderr, r.stderr

@@ -16,7 +16,7 @@ MAX_LINES = 60  # one screen: a reader sees a whole function at once
 TOP_LEVEL = {'looped.py': 560, 'train.py': 450, 'sample.py': 200, 'plot_norms.py': 450}
 MAX_WIDTH = 100  # characters a line in the files a reader opens first, and in the engine
 NARROW = (*TOP_LEVEL, 'lab/engine.py')
-LAB_TOOLS = ('diagnose', 'matched_depth', 'atlas', 'norm_course', 'bench')
+LAB_TOOLS = ('diagnose', 'matched_depth', 'atlas', 'norm_course', 'bench', 'compare')
 
 
 def test_the_top_level_is_the_four_scripts_and_the_lab_is_one_package():
