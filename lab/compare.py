@@ -47,7 +47,10 @@ def twins(other, ckpt):
     """(theirs, ours): the same weights in both, from ckpt or the laptop config's random init."""
     if ckpt:
         path = os.path.join(ckpt, 'ckpt.pt') if os.path.isdir(ckpt) else ckpt
-        state = load_checkpoint(path, 'cpu')
+        try:
+            state = load_checkpoint(path, 'cpu')
+        except ValueError as e:
+            fail(PROG, e)
         config, weights = state['config'], state['model']
     else:
         torch.manual_seed(0)
@@ -87,14 +90,18 @@ def ratio_row(what, times, per):
             f"{min(after) / min(before):.3f} |")
 
 
-def main(argv=None):
+def get_parser():
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split('\n\n')[0].strip())
     p.add_argument('--against', required=True, help='the root of the other checkout')
     p.add_argument('--ckpt', default=None, help='a run folder or ckpt.pt (default: random weights)')
     p.add_argument('--rounds', type=int, default=10, help='training rounds of 5 steps each')
     p.add_argument('--gen_rounds', type=int, default=8, help='generation rounds per batch size')
     p.add_argument('--tokens', type=int, default=256, help='tokens generated in a round')
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None):
+    args = get_parser().parse_args(argv)
     if min(args.rounds, args.gen_rounds, args.tokens) < 1:
         fail(PROG, "need --rounds, --gen_rounds and --tokens of at least 1")
     theirs, ours = twins(load_other(args.against), args.ckpt)

@@ -105,11 +105,15 @@ def test_generation_tokens_per_second_count_every_sequence_of_the_batch(monkeypa
 
 
 def test_compare_times_this_checkout_against_another_and_refuses_a_folder_without_a_model(tmp_path):
-    """python -m lab.compare against this checkout itself: one row per measure, each with both times and two
-    ratios; a folder with no looped.py is one line and exit 1."""
-    r = subprocess.run([sys.executable, '-m', 'lab.compare', '--against=.', '--rounds=1', '--gen_rounds=1',
-                        '--tokens=8'],
-                       cwd=ROOT, capture_output=True, text=True)
+    """python -m lab.compare against this checkout itself, on a tiny checkpoint: one row per measure, each
+    with both times and two ratios; a folder with no looped.py is one line and exit 1."""
+    import torch
+    from looped import LoopedConfig, LoopedGPT
+    config = LoopedConfig(vocab_size=11, block_size=16, n_embd=16, n_head=2, n_layer=1, n_loop=2)
+    torch.save({'model': LoopedGPT(config).state_dict(), 'config': config.to_dict(), 'step': 0},
+               tmp_path / 'ckpt.pt')
+    r = subprocess.run([sys.executable, '-m', 'lab.compare', '--against=.', f'--ckpt={tmp_path}',
+                        '--rounds=2', '--gen_rounds=2', '--tokens=8'], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     rows = [line for line in r.stdout.splitlines() if line.startswith('| ') and 'ms' in line]
     assert [row.split(' | ')[0] for row in rows] == ['| cached generation, batch 1 (ms a token)',

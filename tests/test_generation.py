@@ -47,30 +47,30 @@ def recorded(model, monkeypatch, **kw):
 def test_the_engines_cached_generation_samples_the_plain_generates_tokens(design):
     """Sampled (temperature 0.8, top_k 5), fixed depth, the same seed: the engine with its cache and looped.py's
     plain generate, which reruns the whole window for every token, give the same tokens, past the window's
-    restarts (80 new tokens, block_size 32), at the trained depth and at twice it."""
+    restarts (48 new tokens, block_size 32), at the trained depth and at twice it."""
     model = tiny(**design)
     for n_loop in (None, 2 * BASE['n_loop']):
-        kw = dict(max_new_tokens=80, temperature=0.8, top_k=5, n_loop=n_loop)
+        kw = dict(max_new_tokens=48, temperature=0.8, top_k=5, n_loop=n_loop)
         torch.manual_seed(7)
         plain = model.generate(prompts(), **kw)
         torch.manual_seed(7)
         cached, depth = generate(model, prompts(), cache=True, **kw)
         assert torch.equal(cached, plain), f"n_loop={n_loop}: first difference at token " \
             f"{(cached != plain).any(0).nonzero()[0].item()}"
-        assert depth.tolist() == [[n_loop or BASE['n_loop']] * 80] * 2
+        assert depth.tolist() == [[n_loop or BASE['n_loop']] * 48] * 2
 
 
 @pytest.mark.parametrize('design', DESIGNS, ids=lambda d: '-'.join(f'{k}={v}' for k, v in d.items()) or 'default')
 def test_cached_generation_gives_the_recomputed_tokens_and_logits(design, monkeypatch):
-    """Greedy, fp32, no exit rule: 256 new tokens with the cache are recomputing's, step by step to 1e-4 in every
+    """Greedy, fp32, no exit rule: 96 new tokens with the cache are recomputing's, step by step to 1e-4 in every
     log-probability, across the window's restarts (block_size 32: the window restarts every 16 tokens)."""
     model = tiny(**design)
-    kw = dict(idx=prompts(), max_new_tokens=256, top_k=1)
+    kw = dict(idx=prompts(), max_new_tokens=96, top_k=1)
     cached, depth, logp_cached = recorded(model, monkeypatch, cache=True, **kw)
     recomputed, _, logp_recomputed = recorded(model, monkeypatch, cache=False, **kw)
     assert torch.equal(cached, recomputed)
     assert (logp_cached - logp_recomputed).abs().max().item() < 1e-4
-    assert depth.tolist() == [[BASE['n_loop']] * 256] * 2
+    assert depth.tolist() == [[BASE['n_loop']] * 96] * 2
 
 
 def test_a_chunk_after_cached_positions_sees_exactly_its_past():

@@ -362,7 +362,7 @@ def test_readme_flags_exist_and_the_concept_table_matches_the_defaults():
     parsers = [train.get_parser(), sample.get_parser(), diagnose.get_parser(), plot_norms.get_parser(),
                bench.own_parser(), faults.get_parser(), matched_depth.get_parser(), atlas.get_parser(),
                norm_course.get_parser()]
-    parsers += [importlib.import_module(m).get_parser() for m in ('data.shakespeare_char.prepare', 'data.shakespeare.prepare',
+    parsers += [importlib.import_module(m).get_parser() for m in ('lab.compare', 'data.shakespeare_char.prepare', 'data.shakespeare.prepare',
                 'data.wikitext103.prepare', 'make_student', 'check_answers', 'mutations')]
     spec = importlib.util.spec_from_file_location('key_mutations', os.path.join(ROOT, 'assignments', 'key', 'mutations.py'))
     key = importlib.util.module_from_spec(spec)
