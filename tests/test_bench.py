@@ -104,22 +104,26 @@ def test_generation_tokens_per_second_count_every_sequence_of_the_batch(monkeypa
         assert cached == f"{batch * 1000:,}" and recomputed == f"{batch * 250:,}" and ratio == '4.0x'
 
 
-def test_compare_times_this_checkout_against_another_and_refuses_a_folder_without_a_model(tmp_path):
+def test_compare_times_this_checkout_against_another_and_refuses_a_folder_without_a_model(tmp_path, capsys,
+                                                                                          monkeypatch):
     """python -m lab.compare against this checkout itself, on a tiny checkpoint: one row per measure, each
     with both times and two ratios; a folder with no looped.py is one line and exit 1."""
+    import pytest
     import torch
+    from lab import compare
     from looped import LoopedConfig, LoopedGPT
     config = LoopedConfig(vocab_size=11, block_size=16, n_embd=16, n_head=2, n_layer=1, n_loop=2)
     torch.save({'model': LoopedGPT(config).state_dict(), 'config': config.to_dict(), 'step': 0},
                tmp_path / 'ckpt.pt')
-    r = subprocess.run([sys.executable, '-m', 'lab.compare', '--against=.', f'--ckpt={tmp_path}',
-                        '--rounds=2', '--gen_rounds=2', '--tokens=8'], cwd=ROOT, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    rows = [line for line in r.stdout.splitlines() if line.startswith('| ') and 'ms' in line]
+    monkeypatch.chdir(ROOT)
+    compare.main(['--against=.', f'--ckpt={tmp_path}', '--rounds=2', '--gen_rounds=2', '--tokens=8'])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith('| ') and 'ms' in line]
     assert [row.split(' | ')[0] for row in rows] == ['| cached generation, batch 1 (ms a token)',
                                                      '| cached generation, batch 8 (ms a token)',
                                                      '| training step (ms)']
     assert all(len(row.strip(' |').split(' | ')) == 5 for row in rows)
-    r = subprocess.run([sys.executable, '-m', 'lab.compare', f'--against={tmp_path}'], cwd=ROOT,
-                       capture_output=True, text=True)
-    assert r.returncode == 1 and r.stderr.count('\n') == 1 and 'no looped.py' in r.stderr, r.stderr
+    with pytest.raises(SystemExit) as stop:  # fail(): one line, exit status 1 at the top level
+        compare.main([f'--against={tmp_path}'])
+    message = str(stop.value.code)
+    assert message.startswith('python -m lab.compare: error:') and 'no looped.py' in message
+    assert '\n' not in message
