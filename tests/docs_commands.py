@@ -43,6 +43,7 @@ SKIP = [
     (r"plot_norms\.py 'out/paper_44m", 'needs the paper-scale runs (GPU hours)'),
     (r'^export ', 'sets a variable for the commands after it (this check pins threads itself)'),
     (r'tests/docs_commands\.py', 'this check itself (its bad-input rows, what --only=W/ runs, are run here)'),
+    (r'--against=/tmp/', 'needs a checkout of another commit (the `git worktree add` line before it)'),
     (r'<\w+>', "a placeholder (python -m lab.<tool>), not a command: each tool's own commands are run"),
 ]
 # (pattern, expected stderr text): commands the documentation says fail here, and how
@@ -79,6 +80,7 @@ def shrink(cmd):
     cmd = append(r'-m lab\.diagnose', '--max_windows=4 --diag_windows=2 --lemma_loops=3', cmd)
     cmd = append(r'sample\.py', '--num_samples=1 --max_new_tokens=20', cmd)
     cmd = append(r'-m lab\.bench(?! --suite)', '--steps=2 --warmup=1', cmd)
+    cmd = append(r'-m lab\.compare', '--rounds=1 --gen_rounds=1 --tokens=8', cmd)
     cmd = append(r'tests/faults\.py', '--kills=1 --interrupts=1', cmd)
     cmd = append(r'tests/mutations\.py(?! --only)', '--only=kl', cmd)
     return cmd, '; '.join(notes)
