@@ -25,7 +25,7 @@ import time
 import torch
 
 from lab import engine
-from lab.report import fail
+from lab.report import fail, one_line_errors
 from lab.runs import load_checkpoint
 import looped
 
@@ -92,6 +92,7 @@ def ratio_row(what, times, per):
 
 def get_parser():
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split('\n\n')[0].strip())
+    one_line_errors(p, PROG)  # a bad flag is one line, as in every other tool
     p.add_argument('--against', required=True, help='the root of the other checkout')
     p.add_argument('--ckpt', default=None, help='a run folder or ckpt.pt (default: random weights)')
     p.add_argument('--rounds', type=int, default=10, help='training rounds of 5 steps each')
