@@ -89,7 +89,7 @@ def _value(v):
 def name_part(f, value):
     """A variant field's part of a run folder's name: its tag then its value ('pen0.01'); a field
     without a tag is named by its own name ('readout_raw'), so every part says which field it is."""
-    return (f.name + '_' if f.name not in TAGS else TAGS[f.name]) + _value(value)
+    return TAGS.get(f.name, f.name + '_') + _value(value)
 
 
 def label_part(f, value):
@@ -97,7 +97,7 @@ def label_part(f, value):
     (' + penalty 0.1'), by default ' + <value>' (or ' + <tag><value>'); some values have a fixed one."""
     if (f.name, value) in NAMED:  # the paper's penalty is '+ penalty' alone, as the grids say
         return NAMED[f.name, value]
-    default = ' + {v}' if f.name not in TAGS else ' + ' + TAGS[f.name] + '{v}'
+    default = ' + ' + TAGS.get(f.name, '') + '{v}'
     return LABELS.get(f.name, default).format(v=_value(value))
 
 
