@@ -13,11 +13,14 @@ growing it. The fields that expose or remove it:
                   final_norm            raw at loops 1..K-1, RMSNorm at loop K and beyond
                   alpha                 s_ref^(1-alpha) * s^alpha * h / s, s = RMS(h)
     recurrence    residual | normed     loop k+1 starts from h_k, or from RMSNorm(h_k)
+                  damped                or from sigmoid(a) * h_k, a learned (the authors' damping)
     supervision   per_loop | terminal   the mean of the K cross-entropies, or the last one alone
     norm_penalty  lambda                adds lambda * mean_k mean(h_k^2)
 
 The other looped LMs (Huginn, looped_nanochat, nanoLOOP) build the loop in ways that are fields
-here too: injection, n_prelude, n_coda, block, depth_sampling, bptt, residual_scale. The rest is the
+here too: injection, n_prelude, n_coda, block, depth_sampling, bptt, residual_scale. So do the 2026
+designs that bound the recurrence: Parcae's injection='diagonal' (the carried state decays per
+channel), block='deepnorm' (DeepLoop's scaled Post-LN) and STARS's jacobian_penalty. The rest is the
 shape (vocab_size, block_size, n_embd, n_head, n_layer, n_loop, dropout) and choices that leave the
 idea alone (init, mlp, tie_weights, attention, norm_eps). LoopedGPT.loops is where the passes run.
 
@@ -33,17 +36,18 @@ import numpy as np
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
 # The allowed values of every text field; the first is the default.
 CHOICES = {
     'supervision': ('per_loop', 'terminal'),
     'readout': ('rmsnorm', 'layernorm', 'raw', 'final_norm', 'alpha'),
-    'recurrence': ('residual', 'normed'),
+    'recurrence': ('residual', 'normed', 'damped'),
     'init': ('paper', 'gpt2', 'paper_small_embed'),
     'mlp': ('swiglu', 'gelu'),
-    'injection': ('none', 'add', 'concat'),
-    'block': ('prenorm', 'sandwich'),
+    'injection': ('none', 'add', 'concat', 'diagonal'),
+    'block': ('prenorm', 'sandwich', 'deepnorm'),
     'depth_sampling': ('fixed', 'poisson_lognormal'),
     'residual_scale': ('none', 'inverse_k'),
     'attention': ('sdpa', 'manual'),
@@ -63,16 +67,17 @@ class LoopedConfig:
     readout: str = 'rmsnorm'  # what the LM head sees of h_k (see Readout)
     alpha: Optional[float] = None  # readout=alpha: unset learns alpha, a number in [0, 1] fixes it
     norm_penalty: float = 0.0  # lambda in lambda * mean_k mean(h_k^2); the paper uses 0.01
-    recurrence: str = 'residual'  # what the next loop starts from: h_k, or RMSNorm(h_k)
+    recurrence: str = 'residual'  # the next loop starts from h_k, RMSNorm(h_k) or sigmoid(a) h_k
     init: str = 'paper'  # the authors' recipe, nanoGPT's (gpt2), or paper with small embeddings
     mlp: str = 'swiglu'  # SwiGLU (the paper) or GELU (GPT-2), hidden width 4d
-    injection: str = 'none'  # what a pass adds to the carried state: nothing, h + e, or W [h; e]
+    injection: str = 'none'  # what a pass runs on: h, h + e, W [h; e], or decay * h + Delta * B e
     n_prelude: int = 0  # unshared layers run once on the embedding, before the loop
     n_coda: int = 0  # unshared layers between every h_k and its readout
-    block: str = 'prenorm'  # each sublayer x + f(norm(x)), or sandwich: norm(x + f(norm(x)))
+    block: str = 'prenorm'  # each sublayer x + f(norm(x)), sandwich, or deepnorm: norm(a x + f(x))
     depth_sampling: str = 'fixed'  # training only: K loops every step, or a drawn count of mean K
     residual_scale: str = 'none'  # inverse_k: each pass's update scaled by 1/K
     bptt: int = 0  # the last exit's loss reaches the last bptt passes only; 0: all of them
+    jacobian_penalty: float = 0.0  # w in w * ||v^T J||^2, J one pass's Jacobian (STARS); 0: off
     tie_weights: Optional[bool] = None  # the head shares wte's weight; unset: tied unless gpt2
     attention: str = 'sdpa'  # fused kernels (sdpa), or the same math spelled out (manual)
     norm_eps: float = 1e-6  # epsilon of every RMSNorm, as in the authors' release
@@ -92,6 +97,8 @@ class LoopedConfig:
             ('norm_eps', 0 < self.norm_eps < math.inf, 'must be a finite number > 0'),  # nan fails
             ('dropout', 0.0 <= self.dropout < 1.0, 'must be in [0, 1)'),
             ('norm_penalty', 0 <= self.norm_penalty < math.inf, 'must be a finite number >= 0'),
+            ('jacobian_penalty', 0 <= self.jacobian_penalty < math.inf,
+             'must be a finite number >= 0'),
             ('alpha', self.alpha is None or 0 <= self.alpha <= 1,
              'must be in [0, 1] (or unset, to learn it)'),
             ('alpha', self.alpha is None or self.readout == 'alpha',
@@ -174,11 +181,15 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """One layer. Pre-norm: x + attn(norm(x)), then x + mlp(norm(x)). The residual stream itself is
     never normalized, which is why its scale can grow from loop to loop. Sandwich (Huginn's and
-    looped_nanochat's) also normalizes each sum: a layer hands on a state of fixed RMS."""
+    looped_nanochat's) also normalizes each sum: a layer hands on a state of fixed RMS. DeepNorm
+    (DeepLoop's Post-LN) normalizes the sum alone, norm(alpha * x + f(x)), alpha = sqrt(2N) with
+    N = n_layer * n_loop the looped layers unrolled (DeepNorm's 4th root, squared for looping)."""
 
     def __init__(self, config):
         super().__init__()
         self.sandwich = sandwich = config.block == 'sandwich'
+        self.deepnorm = config.block == 'deepnorm'
+        self.alpha = math.sqrt(2 * config.n_layer * config.n_loop)  # deepnorm's residual weight
         self.norm_1 = RMSNorm(config.n_embd, config.norm_eps)
         self.attn = CausalSelfAttention(config)
         self.post_attn = RMSNorm(config.n_embd, config.norm_eps) if sandwich else nn.Identity()
@@ -189,6 +200,9 @@ class Block(nn.Module):
     def forward(self, x, kv=None):
         if self.sandwich:
             return self.sandwich_forward(x, kv)
+        if self.deepnorm:  # (B, T, C): the sublayers see x itself; the norms come after the sums
+            x = self.norm_1(self.alpha * x + self.attn(x, kv))
+            return self.norm_2(self.alpha * x + self.mlp(x))
         x = x + self.attn(self.norm_1(x), kv)
         return x + self.mlp(self.norm_2(x))
 
@@ -221,6 +235,29 @@ class AlphaNorm(nn.Module):
         s = hf.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(self.eps)  # (..., 1): per-token RMS
         # s_ref^(1-a) * s^a * h / s == h * (s_ref / s)^(1-a): so alpha = 1 returns h exactly
         return (hf * torch.exp((1 - self.alpha()) * (self.log_s_ref - s.log()))).type_as(h)
+
+
+class DiagonalInjection(nn.Module):
+    """Parcae's injection: pass k runs on decay * h + Delta * B e, per channel, with Delta =
+    softplus(dt_bias) > 0 and decay = exp(-Delta * exp(A_log)) in (0, 1): whatever training does,
+    the carried state shrinks at every pass. At init A_log = 0, decay = sqrt(1/5), B = I."""
+
+    def __init__(self, config):
+        super().__init__()
+        d = config.n_embd
+        self.A_log = nn.Parameter(torch.zeros(d))
+        # softplus(log(sqrt(5) - 1)) = log(sqrt(5)), so the decay exp(-Delta) starts at sqrt(1/5)
+        self.dt_bias = nn.Parameter(torch.full((d,), math.log(math.sqrt(5) - 1)))
+        self.B = nn.Linear(d, d, bias=False)  # the identity, set in LoopedGPT._init_weights
+
+    def coefficients(self):
+        """(Delta, decay), each (C,): what e and h are multiplied by, channel by channel."""
+        delta = F.softplus(self.dt_bias)
+        return delta, torch.exp(-delta * self.A_log.exp())
+
+    def forward(self, h, e):
+        delta, decay = self.coefficients()
+        return decay * h + delta * self.B(e)                          # (B, T, C)
 
 
 class Readout(nn.Module):
@@ -266,6 +303,10 @@ class LoopedGPT(nn.Module):
         self.lm_head = nn.Linear(d, config.vocab_size, bias=False)
         if config.tie_weights:
             self.lm_head.weight = self.wte.weight
+        # made last: under the paper init every weight above draws as it did before these existed
+        diagonal, damped = config.injection == 'diagonal', config.recurrence == 'damped'
+        self.diagonal = DiagonalInjection(config) if diagonal else None
+        self.damping = nn.Parameter(torch.tensor(2.0)) if damped else None  # sigmoid(2) = 0.88
         self._init_weights()
 
     def _init_weights(self):
@@ -278,7 +319,8 @@ class LoopedGPT(nn.Module):
         depth = c.n_layer * c.n_loop
         for name, p in self.named_parameters():
             if c.init == 'gpt2' and p.dim() >= 2:  # norm gains stay at 1
-                std = 0.02 / math.sqrt(2 * depth) if name.endswith('c_proj.weight') else 0.02
+                scaled = name.endswith('c_proj.weight') and c.block != 'deepnorm'  # its own below
+                std = 0.02 / math.sqrt(2 * depth) if scaled else 0.02
             elif c.init == 'paper_small_embed' and name in ('wte.weight', 'wpe.weight'):
                 std = 0.02
             else:
@@ -289,6 +331,16 @@ class LoopedGPT(nn.Module):
         if self.adapter is not None:  # W = [I | 0]: at step 0 'concat' computes what 'none' does
             with torch.no_grad():
                 self.adapter.weight.copy_(torch.eye(c.n_embd, 2 * c.n_embd))
+        if self.diagonal is not None:  # Parcae's B = I, whatever the init drew
+            with torch.no_grad():
+                self.diagonal.B.weight.copy_(torch.eye(c.n_embd))
+        if c.block == 'deepnorm':  # DeepNorm's beta = (8N)^(-1/2) on the value, output and MLP
+            with torch.no_grad():
+                for block in [*self.prelude, *self.blocks, *self.coda]:
+                    block.attn.c_attn.weight[2 * c.n_embd:].mul_((8 * depth) ** -0.5)  # v's rows
+                    mlp = [block.mlp.c_fc, block.mlp.c_gate, block.mlp.c_proj]
+                    for m in [block.attn.c_proj] + [m for m in mlp if m is not None]:
+                        m.weight.mul_((8 * depth) ** -0.5)
 
     def num_params(self):
         """Unique parameters: the looped stack and a tied head count once."""
@@ -308,9 +360,12 @@ class LoopedGPT(nn.Module):
 
     def inject(self, h, e):
         """Input injection of the embedding e into the carried state h, (B, T, C) each:
-        'add' h + e; 'concat' W [h; e] = W_h h + W_e e (W = [I | 0] at init)."""
+        'add' h + e; 'concat' W [h; e] = W_h h + W_e e (W = [I | 0] at init); 'diagonal' Parcae's
+        decay * h + Delta * B e (DiagonalInjection)."""
         if self.config.injection == 'add':
             return h + e
+        if self.config.injection == 'diagonal':
+            return self.diagonal(h, e)
         return self.adapter(torch.cat([h, e], dim=-1))
 
     def loop_step(self, h, cache=None, k=None):
@@ -319,12 +374,13 @@ class LoopedGPT(nn.Module):
             h = block(h, cache and cache.layer('loop', k, i))  # k names the cache entry
         return h
 
-    def loops(self, e, n_loop, edit=None, cache=None):
+    def loops(self, e, n_loop, edit=None, cache=None, h=None):
         """The recurrence, the one place it is written: yields (k, h_k), k = 1..n_loop, from e.
         h_k is pass k's output before any inter-loop norm: what is read out, penalized and logged.
         edit(k, h_in, h_k, e) -> (h_k, e), if given, may change each output or drop rows of the
-        batch from both (lab/diagnose.py's clamps and its exit benchmark)."""
-        c, h = self.config, e
+        batch from both (lab/diagnose.py's clamps and its exit benchmark). h: the state pass 1
+        starts from, e unless given (pass_jacobian runs one pass from another state)."""
+        c, h = self.config, e if h is None else h
         for k in range(1, n_loop + 1):
             if c.bptt and k == n_loop - c.bptt + 1 and k > 1:
                 h = h.detach()              # truncated backprop: the later losses stop here
@@ -338,6 +394,8 @@ class LoopedGPT(nn.Module):
             yield k, h
             if self.inter_norm is not None:
                 h = self.inter_norm(h)      # 'normed': the next pass starts from RMSNorm(h_k)
+            elif self.damping is not None:
+                h = torch.sigmoid(self.damping) * h  # 'damped': from sigmoid(a) h_k, a learned
 
     def head_input(self, h, k, cache=None):
         """What the LM head reads of h_k (B, T, C) at loop k: the coda's layers, the readout."""
@@ -373,6 +431,17 @@ class LoopedGPT(nn.Module):
         mean_squares = torch.stack([h.float().pow(2).mean() for h in states])  # (K,)
         return self.config.norm_penalty * mean_squares.mean()
 
+    def pass_jacobian(self, h, e):
+        """STARS's one-step estimate of a pass's spectral radius at the state h (B, T, C): ||v^T J||
+        for a random unit v, J the Jacobian of one pass's output in its input. h is detached, so the
+        penalty's gradient reaches the weights alone (create_graph), not the loops before h."""
+        x = h.detach().requires_grad_()
+        with sdpa_kernel(SDPBackend.MATH):  # the fused attention kernels have no double backward
+            _, out = next(self.loops(e.detach(), 1, h=x))            # one pass from x: (B, T, C)
+        v = torch.randn_like(out)
+        (vJ,) = torch.autograd.grad(out, x, v / v.norm(), create_graph=True)
+        return vJ.float().norm()
+
     def forward(self, idx, targets=None, n_loop=None):
         """idx, targets (B, T) token ids; n_loop defaults to the trained K and may exceed it.
         Returns (logits, loss, stats): logits (B, T, V) of the last loop, or (B, 1, V) for the last
@@ -382,8 +451,8 @@ class LoopedGPT(nn.Module):
         if T > self.config.block_size:
             raise ValueError(f"sequence of length {T} is longer than "
                              f"block_size={self.config.block_size}")
-        norms, states, ces = [], [], []
-        for k, h in self.loops(self.embed(idx), K):                   # h = h_k: (B, T, C)
+        norms, states, ces, e = [], [], [], self.embed(idx)
+        for k, h in self.loops(e, K):                                 # h = h_k: (B, T, C)
             norms.append(h.detach().float().norm(dim=-1).mean())     # ||h_k||, before any norm
             states.append(h)
             if targets is None:
@@ -401,33 +470,43 @@ class LoopedGPT(nn.Module):
         loss = self.supervision_loss(ces)
         if self.config.norm_penalty > 0:
             loss = loss + self.norm_penalty(states)
+        if self.config.jacobian_penalty > 0 and torch.is_grad_enabled():  # at h_K, as STARS
+            stats['jacobian'] = jac = self.pass_jacobian(h, e)
+            loss = loss + self.config.jacobian_penalty * jac ** 2
         return logits, loss, stats
 
     def flops_per_token(self, n_loop=None):
-        """Training FLOPs per token: 6 per parameter use (forward and backward) plus attention's
-        12 * layers * d * T (nanoGPT's count). `uses` says how often a token runs each module; a
-        module missing from it is an error, so a new design must say."""
+        """Training FLOPs per token: 6 per use of a matrix's weight (forward and backward) plus
+        attention's 12 * layers * d * T (nanoGPT's count); vectors (norm gains, Parcae's decay) are
+        elementwise work, not counted. `uses` says how often a token runs each module that holds a
+        matrix; one missing from it is an error, so a new design must say. The Jacobian penalty's
+        extra pass is counted as one more pass (its double backward costs somewhat more)."""
         c, K = self.config, n_loop or self.config.n_loop
         readouts = K if c.supervision == 'per_loop' else 1
-        uses = {'blocks': K, 'adapter': K, 'prelude': 1, 'coda': readouts, 'readout': 1,
-                'inter_norm': 1, 'wte': 0, 'wpe': 0, 'lm_head': 0}  # lm_head: below, tied or not
-        unknown = [n for n, _ in self.named_parameters() if n.split('.')[0] not in uses]
+        passes = K + (c.jacobian_penalty > 0)
+        uses = {'blocks': passes, 'adapter': passes, 'diagonal': passes, 'prelude': 1,
+                'coda': readouts, 'wte': 0, 'wpe': 0, 'lm_head': 0}  # lm_head: below, tied or not
+        unknown = [n for n, p in self.named_parameters()
+                   if p.dim() >= 2 and n.split('.')[0] not in uses]
         if unknown:
             raise ValueError(f"flops_per_token: no count for {', '.join(unknown)}; "
                              "add its module to uses")
-        n_uses = sum(uses[name] * sum(p.numel() for p in m.parameters())
+        n_uses = sum(uses[name] * sum(p.numel() for p in m.parameters() if p.dim() >= 2)
                      for name, m in self.named_children() if name in uses)
-        layers = K * c.n_layer + c.n_prelude + readouts * c.n_coda
+        layers = passes * c.n_layer + c.n_prelude + readouts * c.n_coda
         head = readouts * c.vocab_size * c.n_embd
         return 6 * n_uses + 6 * head + 12 * layers * c.n_embd * c.block_size
 
     def configure_optimizers(self, weight_decay, learning_rate, device_type):
-        # the authors decay every parameter; nanoGPT (gpt2) only matrices. Betas: PyTorch's defaults
+        # the authors decay every parameter; GPT-2's recipe (gpt2) only matrices. A design whose
+        # source exempts its own parameters lists them here: decay would pull Parcae's B to 0, not
+        # to the identity. Betas: PyTorch's defaults
         params = [p for p in self.parameters() if p.requires_grad]
-        groups = [{'params': params, 'weight_decay': weight_decay}]
-        if self.config.init == 'gpt2':
-            groups = [{'params': [p for p in params if p.dim() >= 2], 'weight_decay': weight_decay},
-                      {'params': [p for p in params if p.dim() < 2], 'weight_decay': 0.0}]
+        exempt = {id(p) for p in (self.diagonal.parameters() if self.diagonal else [])}
+        decays = lambda p: id(p) not in exempt and (self.config.init != 'gpt2' or p.dim() >= 2)
+        groups = [{'params': [p for p in params if decays(p)], 'weight_decay': weight_decay},
+                  {'params': [p for p in params if not decays(p)], 'weight_decay': 0.0}]
+        groups = [g for g in groups if g['params']]  # the paper init: one group, as before
         return torch.optim.AdamW(groups, lr=learning_rate, fused=(device_type == 'cuda'))
 
     @torch.no_grad()

@@ -328,9 +328,26 @@ def eval_record(job, val_batches, train_batches, t_start):
         runs.fail(f"validation loss is {val_loss[K - 1]} at step {step}; {runs.kept(job.run)}")
     record = {'step': step, 'train_loss': train_loss[K - 1], 'val_loss': val_loss,
               'hidden_norm': val_norm, 'elapsed_s': round(time.time() - t_start, 2)}
-    if raw_model.config.readout == 'alpha':  # how much scale the readout has chosen to see
-        record['alpha'] = raw_model.readout.norm.alpha().item()
+    record.update(design_values(raw_model, val_batches[0], ctx))
     return record
+
+
+def design_values(model, batch, ctx):
+    """What the designs that are on have learned or estimate, for the log and the eval line."""
+    values = {}
+    if model.config.readout == 'alpha':  # how much scale the readout has chosen to see
+        values['alpha'] = model.readout.norm.alpha().item()
+    if model.diagonal is not None:  # Parcae's per-channel decay of the carried state
+        decay = model.diagonal.coefficients()[1].detach()
+        values['decay'] = [decay.mean().item(), decay.min().item(), decay.max().item()]
+    if model.damping is not None:  # the factor the carried state is damped by between passes
+        values['damping'] = torch.sigmoid(model.damping).item()
+    if model.config.jacobian_penalty > 0:  # STARS's ||v^T J||, at one validation batch's h_K
+        model.eval()
+        with torch.enable_grad(), ctx:
+            values['jacobian'] = model(*batch)[2]['jacobian'].item()
+        model.train()
+    return values
 
 
 class Report:
@@ -343,10 +360,13 @@ class Report:
     def eval_line(self, record):
         """'eval <step>: val loss by depth <K losses> | 2K <loss> | ||h_k|| <K norms> | 2K <n>'"""
         loss, norm, K = record['val_loss'], record['hidden_norm'], self.job.config.n_loop
-        alpha = f" | alpha {record['alpha']:.3f}" if 'alpha' in record else ''
+        designs = {'alpha': 'alpha {:.3f}', 'decay': 'decay mean {:.3f} min {:.3f} max {:.3f}',
+                   'damping': 'damping {:.3f}', 'jacobian': '||vJ|| {:.3f}'}  # design_values'
+        extra = ''.join(f" | {form.format(*np.atleast_1d(record[key]))}"
+                        for key, form in designs.items() if key in record)
         return (f"eval {record['step']}: val loss by depth {' '.join(f'{v:.3f}' for v in loss[:K])}"
                 f" | 2K {loss[-1]:.3f} | ||h_k|| {' '.join(f'{v:.1f}' for v in norm[:K])}"
-                f" | 2K {norm[-1]:.1f}{alpha}")
+                f" | 2K {norm[-1]:.1f}{extra}")
 
     def progress_line(self, stats, r):
         """'step 20/500 | loss 2.5012 | ||h_K|| 412.3 | 95 ms/step | ... | ETA 0m46s'"""

@@ -60,7 +60,8 @@ def steps_from_epochs(epochs, n_tokens, block_size, global_batch):
 
 NOT_VARIANTS = ('vocab_size', 'block_size', 'n_embd', 'n_head', 'n_layer', 'n_loop', 'dropout',
                 'tie_weights', 'attention', 'norm_eps')
-TAGS = {'alpha': 'alpha', 'norm_penalty': 'pen', 'n_prelude': 'prelude', 'n_coda': 'coda', 'bptt': 'bptt'}
+TAGS = {'alpha': 'alpha', 'norm_penalty': 'pen', 'n_prelude': 'prelude', 'n_coda': 'coda', 'bptt': 'bptt',
+        'jacobian_penalty': 'jac'}
 LABELS = {'alpha': ' {v}', 'norm_penalty': ' + penalty {v}', 'init': ' ({v} init)'}
 NAMED = {('norm_penalty', 0.01): ' + penalty'}  # the paper's penalty, as the grids' tables name it
 

@@ -92,6 +92,26 @@ DESIGNS = {
     'looped_nanochat': Design(['--n_prelude=1', '--n_coda=1', '--injection=concat', '--block=sandwich',
                                '--recurrence=normed', '--depth_sampling=poisson_lognormal'], False, 'small', 'small',
                               'sandwich layers and a norm after every loop'),
+    # The 2026 designs that bound the recurrence (predictions committed before their runs, issue 56). A bound on
+    # what is carried is not a bound on what each pass adds: under gpt2's init residual's own ratio is 1.49, so
+    # most of ||h_K|| is grown inside a pass, where a decay between passes cannot reach it
+    'diagonal': Design(['--injection=diagonal'], False, 'large', 'small', "Parcae's decay (0.447 at init, "
+                       "bounded below 1) shrinks the carried state at every pass, but each pass's own pre-norm update "
+                       "still grows where rmsnorm hides it"),
+    'damped': Design(['--recurrence=damped'], True, 'large', 'small', 'sigmoid(a) = 0.88 carries 88% of the scale '
+                     'from pass to pass and nothing renormalizes it; residual itself sits at the 1.5 line under '
+                     'gpt2, so there the verdict is a coin flip'),
+    'deepnorm': Design(['--block=deepnorm'], False, 'small', 'small', 'Post-LN ends every sublayer in a norm: '
+                       '||h_k|| = sqrt(d) times the RMS of the last gain, as in sandwich, under any readout'),
+    'jacobian': Design(['--jacobian_penalty=0.1'], True, 'large', 'small', 'J = I + J_f and J_f shrinks like '
+                           '1 / ||h||: a large state makes the pass look like the identity, so the penalty cannot see '
+                           'the scale (and may favour it)'),
+    # Parcae's own loop at this size: prelude and coda around a diagonal-injection core. Its small model is prelude
+    # 2, core 2, coda 2, a mean recurrence of 8 with the last 4 passes backpropagated; here one layer each around
+    # the 2-layer core at K = 4 (its truncation to 4 passes does nothing at K = 4, and its depth sampling is left
+    # out since its distribution was not read)
+    'parcae': Design(['--n_prelude=1', '--n_coda=1', '--injection=diagonal'], False, 'large', 'small',
+                     'as diagonal; a pre-norm coda keeps the scale, so raw still sees it'),
 }
 ATLAS_READOUTS = ('rmsnorm', 'raw')
 

@@ -77,7 +77,8 @@ def compile_regions(model):
     serves every block and every loop count, since the loop itself stays Python), the prelude and coda, and the
     head's loss (so that float32 logits are never written). Checkpoints keep the plain weights: nothing is renamed.
     Returns the model."""
-    for block in [*model.blocks, *model.prelude, *model.coda]:
+    # torch.compile has no double backward, which the Jacobian penalty's estimate needs
+    for block in [] if model.config.jacobian_penalty > 0 else [*model.blocks, *model.prelude, *model.coda]:
         block.compile()
     # an attribute of the method's own name: every caller (forward, readout_loss, lab/diagnose.py) gets the compiled
     # one, and `del model.head_loss` brings back the plain method

@@ -47,7 +47,8 @@ def record_passes(model):
 NON_DEFAULT = dict(block_size=16, n_embd=16, n_head=2, n_layer=1, n_loop=3, dropout=0.1, supervision='terminal',
                    readout='alpha', alpha=0.5, norm_penalty=0.02, recurrence='normed', init='gpt2', mlp='gelu',
                    injection='concat', n_prelude=1, n_coda=1, block='sandwich', depth_sampling='poisson_lognormal',
-                   bptt=1, residual_scale='inverse_k', tie_weights=True, attention='manual', norm_eps=1e-5)
+                   bptt=1, residual_scale='inverse_k', jacobian_penalty=0.1, tie_weights=True, attention='manual',
+                   norm_eps=1e-5)
 
 
 def test_every_config_field_is_a_flag_that_reaches_the_model_and_the_checkpoint(small_data, tmp_path):

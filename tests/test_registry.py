@@ -76,16 +76,22 @@ def test_flops_per_token_refuses_a_parameter_it_has_no_count_for():
 
 
 def test_flops_per_token_counts_each_module_by_hand():
+    """6 per use of a matrix weight; vectors (norm gains, the diagonal decay) are not multiplies."""
     c = LoopedConfig(**BASE, n_prelude=1, n_coda=1, injection='concat', recurrence='normed')
     model = LoopedGPT(c)
-    n = lambda m: sum(p.numel() for p in m.parameters())
+    n = lambda m: sum(p.numel() for p in m.parameters() if p.dim() == 2)
     K, V, d, T = c.n_loop, c.vocab_size, c.n_embd, c.block_size
-    per_loop = K * (n(model.blocks) + d * 2 * d) + n(model.prelude) + K * n(model.coda) + d + d  # readout, inter-norm
+    per_loop = K * (n(model.blocks) + d * 2 * d) + n(model.prelude) + K * n(model.coda)
     attention = 12 * (K * c.n_layer + 1 + K * 1) * d * T
     assert model.flops_per_token() == 6 * per_loop + 6 * K * V * d + attention
     terminal = LoopedGPT(LoopedConfig(**BASE, supervision='terminal'))
-    expected = 6 * (K * n(terminal.blocks) + d) + 6 * V * d + 12 * K * c.n_layer * d * T
+    expected = 6 * K * n(terminal.blocks) + 6 * V * d + 12 * K * c.n_layer * d * T
     assert terminal.flops_per_token() == expected
+    diagonal = LoopedGPT(LoopedConfig(**BASE, supervision='terminal', injection='diagonal'))
+    assert diagonal.flops_per_token() == expected + 6 * K * d * d  # B alone: A_log, dt_bias are vectors
+    jacobian = LoopedGPT(LoopedConfig(**BASE, supervision='terminal', jacobian_penalty=0.1))
+    one_pass = 6 * n(terminal.blocks) + 12 * c.n_layer * d * T
+    assert jacobian.flops_per_token() == expected + one_pass  # its extra pass, counted once
 
 
 def test_a_choice_field_names_its_run_by_field_and_a_tag_works_on_any_field(monkeypatch):
