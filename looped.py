@@ -68,7 +68,7 @@ class LoopedConfig:
     alpha: Optional[float] = None  # readout=alpha: unset learns alpha, a number in [0, 1] fixes it
     norm_penalty: float = 0.0  # lambda in lambda * mean_k mean(h_k^2); the paper uses 0.01
     recurrence: str = 'residual'  # the next loop starts from h_k, RMSNorm(h_k) or sigmoid(a) h_k
-    init: str = 'paper'  # the authors' recipe, nanoGPT's (gpt2), or paper with small embeddings
+    init: str = 'paper'  # the authors', GPT-2's (head untied), or paper with small embeddings
     mlp: str = 'swiglu'  # SwiGLU (the paper) or GELU (GPT-2), hidden width 4d
     injection: str = 'none'  # what a pass runs on: h, h + e, W [h; e], or decay * h + Delta * B e
     n_prelude: int = 0  # unshared layers run once on the embedding, before the loop
@@ -84,7 +84,7 @@ class LoopedConfig:
 
     def __post_init__(self):
         if self.tie_weights is None:
-            self.tie_weights = self.init != 'gpt2'  # the authors tie the head, nanoGPT does not
+            self.tie_weights = self.init != 'gpt2'  # the authors tie; gpt2 unties, as nanochat does
         checks = [(name, getattr(self, name) in allowed, 'is not one of ' + ', '.join(allowed))
                   for name, allowed in CHOICES.items()]
         checks += [(name, getattr(self, name) >= 1, 'must be at least 1') for name in
@@ -311,8 +311,9 @@ class LoopedGPT(nn.Module):
 
     def _init_weights(self):
         # 'paper' (the authors'): PyTorch's defaults, the head tied to the N(0, 1) embedding, so
-        # the logits start in the tens and the norm jumps in the first steps. 'gpt2' (nanoGPT's):
-        # N(0, 0.02), residual projections scaled by 1/sqrt(2 * unrolled depth), the head untied.
+        # the logits start in the tens and the norm jumps in the first steps. 'gpt2': GPT-2's
+        # N(0, 0.02), residual projections scaled by 1/sqrt(2 * unrolled depth), and the head
+        # untied (nanochat's choice; nanoGPT draws the same but ties its head to wte).
         # 'paper_small_embed': 'paper' with both embeddings at N(0, 0.02). A redrawn weight has its
         # own generator, seeded by the seed and its name: a new parameter never shifts another's.
         c, seed = self.config, torch.initial_seed()
@@ -397,26 +398,29 @@ class LoopedGPT(nn.Module):
             elif self.damping is not None:
                 h = torch.sigmoid(self.damping) * h  # 'damped': from sigmoid(a) h_k, a learned
 
-    def head_input(self, h, k, cache=None):
+    # ---- exit k: h_k -> the coda's layers -> the readout -> the LM head (-> the cross-entropy).
+    # exit_logits and exit_loss are the two ways in; exit_input and head_loss are their halves
+
+    def exit_logits(self, h, k, cache=None):
+        """Loop k's logits from h_k: (B, T, C) -> (B, T, V)."""
+        return self.lm_head(self.exit_input(h, k, cache))
+
+    def exit_loss(self, h, k, targets):
+        """Loop k's (logits (B, T, V), float32 cross-entropy) from h_k (B, T, C), targets (B, T)."""
+        return self.head_loss(self.exit_input(h, k), targets)
+
+    def exit_input(self, h, k, cache=None):
         """What the LM head reads of h_k (B, T, C) at loop k: the coda's layers, the readout."""
         for i, block in enumerate(self.coda):
             h = block(h, cache and cache.layer('coda', k, i))
         return self.readout(h, k)
 
-    def readout_logits(self, h, k, cache=None):
-        """Loop k's logits from h_k: (B, T, C) -> (B, T, V)."""
-        return self.lm_head(self.head_input(h, k, cache))
-
     def head_loss(self, x, targets):
-        """The LM head and its float32 cross-entropy on x = head_input(h_k), (B, T, C): (logits,
-        loss). lab/runtime.py compiles it on a GPU, so no float32 copy of the logits is kept."""
+        """The LM head and its float32 cross-entropy on x = exit_input(h_k, k): (logits, loss).
+        lab/runtime.py compiles it on a GPU, so no float32 copy of the logits is kept."""
         logits = self.lm_head(x)                                      # (B, T, V)
         loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1)
         return logits, loss
-
-    def readout_loss(self, h, targets, k):
-        """Cross-entropy of loop k's readout of h_k (B, T, C) against targets (B, T): a scalar."""
-        return self.head_loss(self.head_input(h, k), targets)[1]
 
     def supervision_loss(self, ces):
         """The training loss from the per-loop cross-entropies ces[k-1], k = 1..K (scalars): their
@@ -458,14 +462,14 @@ class LoopedGPT(nn.Module):
             if targets is None:
                 continue
             if k < K:  # recomputed in backward, not kept: K copies of the logits would not fit
-                ces.append(checkpoint(self.readout_loss, h, targets, k, use_reentrant=False))
+                ce = checkpoint(self.exit_loss, h, k, targets, use_reentrant=False)[1]
             else:
-                logits, ce = self.head_loss(self.head_input(h, k), targets)  # (B, T, V), returned
-                ces.append(ce)
+                logits, ce = self.exit_loss(h, k, targets)            # (B, T, V), returned
+            ces.append(ce)
         stats = {'hidden_norm': torch.stack(norms),
                  'ce': torch.stack([ce.detach() for ce in ces]) if ces else None}
         if targets is None:  # only the next token is needed; a coda attends over the whole sequence
-            logits = self.readout_logits(h if self.coda else h[:, -1:, :], K)[:, -1:, :]
+            logits = self.exit_logits(h if self.coda else h[:, -1:, :], K)[:, -1:, :]
             return logits, None, stats
         loss = self.supervision_loss(ces)
         if self.config.norm_penalty > 0:

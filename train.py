@@ -6,9 +6,11 @@ The laptop demo (2-core CPU, about 3 minutes a run); each run writes its own fol
     python train.py --norm_penalty=0.01                 # explicit penalty
     python train.py --recurrence=normed                 # an RMSNorm between loops
     python train.py --readout=alpha                     # the loss chooses how much scale to see
-One GPU (bf16 and torch.compile by default); continuing or extending a run (same flags); DDP:
+One GPU (bf16, or float16 with a GradScaler where bf16 is missing, and torch.compile by default);
+continuing or extending a run (same flags); nanoGPT's warmup and cosine decay; DDP:
     python train.py --config=gpu_char --readout=rmsnorm
     python train.py --readout=rmsnorm --resume --max_iters=1200
+    python train.py --decay_lr --warmup_iters=50 --lr_decay_iters=500 --min_lr=3e-4
     torchrun --standalone --nproc_per_node=2 train.py --device=cpu
 
 Elsewhere: the run folder (lab/runs.py); device, compile, DDP (lab/runtime.py); named configs and
@@ -27,77 +29,114 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from lab import configs, runs
-from lab.configs import CONFIGS, field_help
+from lab.configs import CONFIGS, field_help, habit_error
 from lab.report import one_line_errors
 from data import DATASETS, find_dataset
 from data.common import check_same_data, read_dataset
 from lab.runtime import (Runtime, check_replicas, compile_regions, end_distributed, fmt_mfu,
-                         peak_flops, resolve_device, setup_distributed)
+                         grad_scaler, peak_flops, resolve_device, setup_distributed)
 from looped import CHOICES, LoopedConfig, LoopedGPT, sampled_depth
 
 
 def str2bool(s):
     """argparse type for booleans: plain type=bool would turn the string 'False' into True."""
     if s.lower() not in ('1', 'true', 'yes', '0', 'false', 'no'):
-        raise argparse.ArgumentTypeError(f"expected True/False/1/0, got {s!r}")
+        raise argparse.ArgumentTypeError(f"expected True/False/1/0 (or the flag alone), got {s!r}")
     return s.lower() in ('1', 'true', 'yes')
 
 
-def get_parser():
-    p = argparse.ArgumentParser(description='Train a looped transformer LM.',
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    one_line_errors(p, 'train.py')  # argparse's usage block is longer than the screen here
-    add = p.add_argument
-    add('--config', default='laptop', choices=CONFIGS,
-        help='named configuration; flags override it')
-    # the model: one flag per LoopedConfig field, its help the field's comment in looped.py
+def compile_flag(s):
+    """--compile's values: auto (on for CUDA only) or a boolean."""
+    if s == 'auto':
+        return s
+    try:
+        return str2bool(s)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected auto or True/False/1/0, got {s!r}") from None
+
+
+class Help(argparse.ArgumentDefaultsHelpFormatter):
+    """--help with every default but an unset one: that flag's own help says what unset means."""
+    def _get_help_string(self, action):
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
+BOOLEAN = dict(type=str2bool, nargs='?', const=True)  # a boolean flag: --flag alone means True
+
+
+def add_model_flags(p):
+    """One flag per LoopedConfig field (but vocab_size, set from the data), its help the field's
+    comment in looped.py, its choices CHOICES'."""
     helps = field_help()
     for f in fields(LoopedConfig):
-        if f.name != 'vocab_size':  # set from the dataset
-            t = str(f.type)
-            kind = str2bool if 'bool' in t else float if 'float' in t else f.type
-            add(f'--{f.name}', type=kind, default=f.default, choices=CHOICES.get(f.name),
-                help=helps[f.name])
-    # optimization: AdamW, constant learning rate, as in the paper
-    add('--batch_size', type=int, help='sequences per micro-step (per process)')
+        t = str(f.type)
+        if f.name == 'vocab_size':
+            continue
+        if 'bool' in t:
+            p.add_argument(f'--{f.name}', **BOOLEAN, default=f.default, help=helps[f.name])
+        else:
+            p.add_argument(f'--{f.name}', type=float if 'float' in t else f.type, default=f.default,
+                           choices=CHOICES.get(f.name), help=helps[f.name])
+
+
+def get_parser():
+    p = argparse.ArgumentParser(description='Train a looped transformer LM.', formatter_class=Help)
+    one_line_errors(p, 'train.py')  # argparse's usage block is longer than the screen here
+    add, boolean = p.add_argument, BOOLEAN
+    add('--config', default='laptop', choices=CONFIGS,
+        help='named configuration; flags override it')
+    add_model_flags(p)
+    # optimization: AdamW, constant learning rate (as in the paper) unless --decay_lr
+    unset = 'unset: the --config value'
+    add('--batch_size', type=int, help=f'sequences per micro-step (per process); {unset}')
     add('--grad_accum', type=int, default=None, help='micro-steps per optimizer step, counted over '
         'all processes (global batch = batch_size * grad_accum; under torchrun a multiple of the '
         'process count); default: one per process')
-    add('--max_iters', type=int,
-        help='training steps in all (a resumed run continues to this step)')
+    add('--max_iters', type=int, help='training steps in all (a resumed run continues to this '
+        f'step); {unset}')
     add('--epochs', type=float, default=None, help='train for this many epochs instead of '
         '--max_iters (an epoch: one pass over the training windows of block_size tokens at stride '
-        'block_size/2, as the authors count it)')
-    add('--learning_rate', type=float, help='constant (after any warmup); the paper uses 3e-4')
+        'block_size/2, as the authors count it); unset: --max_iters decides')
+    add('--learning_rate', type=float, help='the rate after any warmup, constant unless '
+        f'--decay_lr; the paper uses 3e-4; {unset}')
     add('--warmup_iters', type=int, default=0, help='raise the learning rate linearly from '
         'learning_rate / warmup_iters to learning_rate over the first warmup_iters steps; 0: '
         'constant from the first step (the paper)')
+    add('--decay_lr', **boolean, default=False, help="after the warmup, nanoGPT's cosine decay "
+        'from learning_rate to min_lr at lr_decay_iters, and min_lr after it')
+    add('--lr_decay_iters', type=int, help='where the cosine reaches min_lr; unset: max_iters')
+    add('--min_lr', type=float, help='the rate the cosine ends at; unset: learning_rate / 10')
     add('--weight_decay', type=float, default=0.01, help='AdamW decoupled weight decay')
     add('--grad_clip', type=float, default=1.0, help='0 disables clipping')
     # evaluation, logging, checkpoints
-    add('--eval_interval', type=int, help='steps between evaluations (each also saves ckpt.pt)')
-    add('--eval_iters', type=int, help='validation batches per evaluation')
-    add('--log_interval', type=int, help='steps between progress lines')
+    add('--eval_interval', type=int, help='steps between evaluations (each also saves ckpt.pt); '
+        + unset)
+    add('--eval_iters', type=int, help=f'validation batches per evaluation; {unset}')
+    add('--log_interval', type=int, help=f'steps between progress lines; {unset}')
     add('--dataset', default='shakespeare_char', help=f"one of {', '.join(DATASETS)} (folders "
         "under data/), or a path to a folder with train.bin, val.bin and meta.json")
     add('--out_dir', default=None, help='default: out/<config> plus each variant flag not at its '
         'default: out/laptop-readout_raw, out/laptop-readout_raw-pen0.01, ...')
-    add('--resume', type=str2bool, nargs='?', const=True, default=False,
-        help='continue the run in out_dir')
-    add('--overwrite', type=str2bool, nargs='?', const=True, default=False, help='start afresh '
-        'even if out_dir already holds a run (its ckpt.pt and log.jsonl are replaced)')
+    add('--resume', **boolean, default=False, help='continue the run in out_dir (found by the '
+        "same flags as the run's, or named by --out_dir)")
+    add('--overwrite', **boolean, default=False, help='start afresh even if out_dir already '
+        'holds a run (its ckpt.pt and log.jsonl are replaced)')
     # system
     add('--device', default='auto', help='auto, cpu, cuda, cuda:N or mps')
-    add('--dtype', default='auto', choices=['auto', 'float32', 'bfloat16'],
-        help='auto: bf16 on CUDA')
-    add('--compile', type=lambda s: 'auto' if s == 'auto' else str2bool(s), default='auto',
-        help='auto: on for CUDA')
+    add('--dtype', default='auto', choices=['auto', 'float32', 'bfloat16', 'float16'],
+        help='auto: bf16 on a CUDA GPU that has it, float16 with a GradScaler on one that does not '
+        '(T4, V100), float32 elsewhere; float16 needs CUDA')
+    add('--compile', type=compile_flag, nargs='?', const=True, default='auto',
+        help='auto: on for CUDA only; True/False (the flag alone: True)')
     add('--seed', type=int, default=1337, help='initialization, dropout and batch order')
     return p
 
 
 def parse_args(argv=None):
     """Two passes: the first finds --config, whose values then become the defaults of the second."""
+    habit = habit_error(sys.argv[1:] if argv is None else argv)
+    if habit:  # a nanoGPT habit gets this repository's way, not argparse's "unrecognized arguments"
+        get_parser().error(habit)
     first = argparse.ArgumentParser(add_help=False)
     for name in ('--config', '--max_iters', '--epochs'):
         first.add_argument(name)
@@ -119,6 +158,9 @@ def parse_args(argv=None):
     checks = [(n, getattr(a, n) >= 1, 'at least 1') for n in counts] + [
         ('grad_accum', a.grad_accum is None or a.grad_accum >= 1, 'at least 1'),
         ('warmup_iters', a.warmup_iters >= 0, 'at least 0 (0: no warmup)'),
+        ('lr_decay_iters', a.lr_decay_iters is None or a.lr_decay_iters >= 1, 'at least 1'),
+        ('min_lr', a.min_lr is None or (finite(a.min_lr) and 0 <= a.min_lr <= a.learning_rate),
+         'a finite number between 0 and --learning_rate'),
         ('learning_rate', finite(a.learning_rate) and a.learning_rate > 0, 'a finite number > 0'),
         ('weight_decay', finite(a.weight_decay) and a.weight_decay >= 0, 'a finite number >= 0'),
         ('grad_clip', finite(a.grad_clip) and a.grad_clip >= 0, 'a finite number >= 0 (0: off)'),
@@ -196,10 +238,12 @@ class Job:
     model: torch.nn.Module = None  # what trains: compiled and wrapped for DDP as asked
     raw_model: LoopedGPT = None    # the plain module, for checkpoints and evaluation
     optimizer: torch.optim.Optimizer = None
+    scaler: torch.amp.GradScaler = None  # float16's loss scaling; a pass-through otherwise
     step: int = 0  # where training stands (these four are in every checkpoint)
     best_val_loss: float = float('inf')
     last_eval_step: int = -1
     last_record: dict | None = None  # the last evaluation's log record
+    fp16_skips: int = 0  # steps the GradScaler skipped (float16 overflow), in this process's run
 
     def say(self, *a, **k):
         if self.rank == 0:
@@ -208,8 +252,8 @@ class Job:
     def save(self):
         if self.rank == 0:  # the other processes hold the same weights
             self.run.save(runs.checkpoint_state(
-                self.raw_model, self.optimizer, self.args, self.step, self.best_val_loss,
-                self.last_eval_step, self.last_record, self.data), self.step)
+                self.raw_model, self.optimizer, self.scaler, self.args, self.step,
+                self.best_val_loss, self.last_eval_step, self.last_record, self.data), self.step)
 
 
 def setup(args, given):
@@ -243,10 +287,38 @@ def setup(args, given):
                 print(f"{args.epochs:g} epochs x {windows:,} windows ({n:,} tokens in windows "
                       f"of {T} at stride {T // 2}) / {global_batch} per step = "
                       f"{args.max_iters:,} steps")
+        schedule_defaults(args)
         run.check(args.resume, args.overwrite)
     except (ValueError, runs.RunError) as e:
         runs.fail(e)
     return Job(args, rt, rank, world, micro_steps, global_batch, run, ckpt, config, data)
+
+
+def schedule_defaults(args):
+    """nanoGPT's defaults for an unset schedule: decay over the whole run to a tenth of the rate."""
+    if args.lr_decay_iters is None:
+        args.lr_decay_iters = args.max_iters
+    if args.min_lr is None:
+        args.min_lr = args.learning_rate / 10
+    if args.decay_lr and args.lr_decay_iters <= args.warmup_iters:
+        raise ValueError(f"--lr_decay_iters={args.lr_decay_iters} must be greater than "
+                         f"--warmup_iters={args.warmup_iters}: the decay starts after the warmup")
+
+
+def learning_rate(args, step):
+    """The rate of optimizer step `step` (0-based): a linear warmup to learning_rate, then constant
+    (the paper), or with --decay_lr nanoGPT's cosine from learning_rate at the warmup's end down to
+    min_lr at lr_decay_iters, and min_lr after it. It depends on the step alone: a resumed run
+    continues the schedule where it stopped."""
+    lr, warmup = args.learning_rate, args.warmup_iters
+    if step < warmup:
+        return lr * (step + 1) / warmup  # this repository's ramp, which the committed runs used
+    if not args.decay_lr:
+        return lr
+    if step > args.lr_decay_iters:
+        return args.min_lr
+    progress = (step - warmup) / (args.lr_decay_iters - warmup)  # 0 after the warmup, 1 at the end
+    return args.min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (lr - args.min_lr)
 
 
 def build(job):
@@ -255,9 +327,10 @@ def build(job):
     torch.manual_seed(args.seed)
     model = LoopedGPT(job.config).to(rt.device)
     optimizer = model.configure_optimizers(args.weight_decay, args.learning_rate, rt.device_type)
+    job.scaler = grad_scaler(rt)
     if ckpt is not None:
         job.step, job.best_val_loss, job.last_eval_step = runs.restore(
-            ckpt, model, optimizer, job.data, args, job.rank, rt.device_type)
+            ckpt, model, optimizer, job.scaler, job.data, args, job.rank, rt.device_type)
         job.last_record = ckpt.get('record')
         job.say(f"resuming {args.out_dir} at step {job.step} (model config from the checkpoint)")
     job.raw_model, job.optimizer = model, optimizer  # never the compiled or DDP wrapper
@@ -351,10 +424,12 @@ def design_values(model, batch, ctx):
 
 
 class Report:
-    """The two lines a run prints as it trains, and the progress line's clock and losses."""
+    """The two lines a run prints as it trains, and the progress line's clock and losses: the
+    objective trained and the last exit's cross-entropy of each step since the last line."""
     def __init__(self, job):
-        self.job, self.step_start, self.train_ces = job, job.step, []
-        self.peak, self.flops_per_token = peak_flops(job.rt.device), job.raw_model.flops_per_token()
+        self.job, self.step_start, self.losses, self.ces = job, job.step, [], []
+        self.peak = peak_flops(job.rt.device, job.rt.dtype)
+        self.flops_per_token = job.raw_model.flops_per_token()
         self.t_start = self.t_last = time.time()
 
     def eval_line(self, record):
@@ -368,38 +443,52 @@ class Report:
                 f" | 2K {loss[-1]:.3f} | ||h_k|| {' '.join(f'{v:.1f}' for v in norm[:K])}"
                 f" | 2K {norm[-1]:.1f}{extra}")
 
-    def progress_line(self, stats, r):
-        """'step 20/500 | loss 2.5012 | ||h_K|| 412.3 | 95 ms/step | ... | ETA 0m46s'"""
+    def progress_line(self, stats, r, steps):
+        """'step 20/500 | loss 2.5012 | ce_K 2.4843 | ||h_K|| 412.3 | 95 ms/step | ... | ETA 0m46s':
+        loss is the objective trained (all exits' cross-entropies and any penalty), ce_K the last
+        exit's, each the mean over the `steps` steps since the last line (float16 steps that the
+        scaler skipped count in the clock, not in the means). tok/s counts every process and
+        micro-step."""
         job, max_iters = self.job, self.job.args.max_iters
-        step, tok = job.step, job.global_batch * job.config.block_size
-        dt = (time.time() - self.t_last) / len(self.train_ces)
-        eta = (time.time() - self.t_start) / (step - self.step_start) * (max_iters - step)
-        depth = "||h_K|| " if job.config.depth_sampling == 'fixed' else f"r {r} | ||h_r|| "
-        line = (f"step {step}/{max_iters} | loss {torch.stack(self.train_ces).mean().item():.4f} | "
-                f"{depth}{stats['hidden_norm'][-1].item():.1f} | {dt * 1000:.0f} ms/step | "
+        step, tok = job.step, job.global_batch * job.config.block_size  # tokens per optimizer step
+        now = time.time()
+        dt = (now - self.t_last) / steps
+        eta = (now - self.t_start) / (step - self.step_start) * (max_iters - step)
+        mean = lambda xs: f"{torch.stack(xs).mean().item():.4f}" if xs else 'skipped'
+        depth = 'K' if job.config.depth_sampling == 'fixed' else 'r'  # r: this step's drawn count
+        drawn = '' if depth == 'K' else f"r {r} | "
+        skips = f" | float16 steps skipped {job.fp16_skips}" if job.fp16_skips else ''
+        line = (f"step {step}/{max_iters} | loss {mean(self.losses)} | {drawn}ce_{depth} "
+                f"{mean(self.ces)} | ||h_{depth}|| {stats['hidden_norm'][-1].item():.1f} | "
+                f"{dt * 1000:.0f} ms/step | "
                 f"{tok / dt:,.0f} tok/s | MFU {fmt_mfu(tok / dt, self.flops_per_token, self.peak)}"
-                f" | ETA {runs.fmt_time(eta)}")
-        self.t_last, self.train_ces = time.time(), []
+                f" | ETA {runs.fmt_time(eta)}{skips}")
+        self.t_last, self.losses, self.ces = now, [], []
         return line
 
 
 def optimizer_step(job, n_loop):
-    """micro_steps forward/backward passes, clip, AdamW; returns the loss unread, on the device."""
+    """micro_steps forward/backward passes, clip, AdamW, through the GradScaler (a pass-through but
+    under float16). Returns the loss unread on the device, the last pass's stats, and whether the
+    scaler skipped the step (float16 gradients that overflowed: the weights were not changed)."""
     model, optimizer, args, micro_steps = job.model, job.optimizer, job.args, job.micro_steps
-    ctx, lossf = job.rt.autocast, 0.0
+    ctx, lossf, scaler = job.rt.autocast, 0.0, job.scaler
     for micro in range(micro_steps):
         x, y = job.data.train_batch()
         if job.world > 1:  # all-reduce the gradients only after the last micro-step, not after each
             model.require_backward_grad_sync = micro == micro_steps - 1
         with ctx:
             _, loss, stats = model(x, y, n_loop=n_loop)
-        (loss / micro_steps).backward()
+        scaler.scale(loss / micro_steps).backward()
         lossf = lossf + loss.detach() / micro_steps
     if args.grad_clip > 0:
+        scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
-    optimizer.step()
+    scale = scaler.get_scale() if scaler.is_enabled() else None
+    scaler.step(optimizer)
+    scaler.update()  # halves the scale after an overflow, and then the step was skipped
     optimizer.zero_grad(set_to_none=True)
-    return lossf, stats
+    return lossf, stats, scale is not None and scaler.get_scale() < scale
 
 
 def check_finite(losses, step, run):
@@ -417,7 +506,7 @@ def train(job, interrupts):
     args, run, say, world, K = job.args, job.run, job.say, job.world, job.config.n_loop
     val_batches = job.data.fixed_batches('val', args.eval_iters)
     train_batches = job.data.fixed_batches('train', args.eval_iters)
-    report, losses = Report(job), []
+    report, losses, last_line = Report(job), [], job.step
     while True:
         # ---- evaluate, save, then log (a diverged run stops first: its weights are never saved)
         at_end = job.step == args.max_iters
@@ -433,11 +522,10 @@ def train(job, interrupts):
             say(report.eval_line(record))
         if job.step >= args.max_iters:
             break
-        if args.warmup_iters:  # step i (0-based) trains at (i + 1) / warmup_iters of the rate
-            for group in job.optimizer.param_groups:
-                group['lr'] = args.learning_rate * min(1.0, (job.step + 1) / args.warmup_iters)
+        for group in job.optimizer.param_groups:
+            group['lr'] = learning_rate(args, job.step)
         r = sampled_depth(job.config, args.seed, job.step)  # K, unless the depth is sampled
-        lossf, stats = optimizer_step(job, r)
+        lossf, stats, skipped = optimizer_step(job, r)
         job.step += 1
         # ---- agree across processes, stop on divergence, print progress, honour Ctrl-C
         stop = interrupts.requested  # read once: a later signal is seen at the next step
@@ -445,13 +533,18 @@ def train(job, interrupts):
             shared = torch.stack([lossf.float(), torch.tensor(float(stop), device=job.rt.device)])
             dist.all_reduce(shared)  # a sync every step, which a single process goes without
             lossf, stop = shared[0] / world, shared[1].item() > 0
-        losses.append(lossf)
-        report.train_ces.append(stats['ce'][-1])
+        losses.append(lossf)  # checked finite below: a non-finite loss is a divergence, always
+        if skipped:  # float16 gradients overflowed and the scaler caught it: not a divergence
+            job.fp16_skips += 1
+        else:
+            report.losses.append(lossf)
+            report.ces.append(stats['ce'][-1])
         log_step = job.step % args.log_interval == 0 or job.step == args.max_iters
         if log_step or stop or world > 1:  # the losses are read at log steps (and before a save)
             check_finite(losses, job.step, run)
         if log_step:
-            say(report.progress_line(stats, r))
+            say(report.progress_line(stats, r, job.step - last_line))
+            last_line = job.step
         if stop:
             job.save()
             if world > 1:  # no process exits before the save: torchrun kills the rest when one ends

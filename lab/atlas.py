@@ -6,7 +6,7 @@ looped_nanochat's loop) under a scale-invariant (rmsnorm) and a scale-visible (r
     python -m lab.atlas                                  # train what is missing (laptop, 3 seeds), then the table
     python -m lab.atlas --fig_dir=figures/atlas          # the committed 200-step table and figure
     python -m lab.atlas --init=gpt2 --seeds=1 --train_args='--max_iters=1000 --eval_interval=50' \
-        --out_root=out/atlas_gpt2 --fig_dir=figures/atlas_gpt2     # past the transient, under nanoGPT's init
+        --out_root=out/atlas_gpt2 --fig_dir=figures/atlas_gpt2     # past the transient, under GPT-2's init
     python -m lab.atlas 'out/grid/laptop/*'              # only read runs that exist (no training), e.g. while it trains
     python -m lab.atlas --design=concat                  # one design's rows alone
 

@@ -56,10 +56,43 @@ from looped import LoopedConfig, LoopedGPT
 PROG = 'python -m lab.bench'
 
 
+def reset_peak_rss():
+    """Start the peak resident memory afresh (Linux: /proc/self/clear_refs), so that the peak read after the
+    timed steps is theirs, not the import's: importing torch and building the model can briefly hold more than
+    a step does, and a peak over the whole process then measures the import (the per-loop / terminal ratio came
+    out 1.25x at random). Returns whether it could; elsewhere the peak stays the whole process's."""
+    try:
+        with open('/proc/self/clear_refs', 'w') as f:
+            f.write('5')
+        return True
+    except OSError:
+        return False
+
+
 def peak_rss_mib():
-    """The process's peak resident memory so far (ru_maxrss is in KiB on Linux, in bytes on macOS)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**20 if sys.platform == 'darwin' else peak / 2**10
+    """The process's peak resident memory since reset_peak_rss (Linux's VmHWM), or over the whole process
+    (ru_maxrss, in KiB on Linux, in bytes on macOS)."""
+    try:
+        with open('/proc/self/status') as f:
+            return next(int(line.split()[1]) for line in f if line.startswith('VmHWM:')) / 2**10
+    except (OSError, StopIteration):
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak / 2**20 if sys.platform == 'darwin' else peak / 2**10
+
+
+def saved_for_backward_mib(model, rt, x, y):
+    """What one training forward keeps for its backward: the bytes of every distinct storage autograd saves
+    (activations, and the weights a matmul's backward needs). This is what "per-loop supervision keeps K copies
+    of the logits" is about, measured exactly, where a CPU's resident memory also holds whatever the allocator
+    kept from earlier and varies from run to run with its threads' arenas."""
+    storages = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), rt.autocast:
+        model(x, y)
+    return sum(storages.values()) / 2**20
 
 
 def rss_mib():
@@ -160,6 +193,7 @@ def main(argv=None):
     x = torch.randint(mine.vocab_size, (B, T), device=device)
     y = torch.randint(mine.vocab_size, (B, T), device=device)
     base = rss_mib()  # what the model, optimizer and batch hold before the first step
+    reset_peak_rss()
     dt, warm_s = time_steps(model, optimizer, rt, x, y, mine.steps, mine.warmup)
     if rt.device_type == 'cuda':
         peak, what = torch.cuda.max_memory_allocated() / 2**20, 'CUDA allocated'
@@ -168,10 +202,12 @@ def main(argv=None):
     else:
         peak, what = peak_rss_mib() - base, 'CPU peak RSS above baseline'
     tok_s = B * T / dt
+    saved = saved_for_backward_mib(model, rt, x, y)
     print(f"{condition_name(config.to_dict())} K={config.n_loop} d={config.n_embd} L={config.n_layer} "
           f"V={mine.vocab_size} B={B} T={T}: {model.num_params():,} params | {dt * 1000:.1f} ms/step | "
-          f"{tok_s:,.0f} tok/s | MFU {fmt_mfu(tok_s, model.flops_per_token(), peak_flops(device))} | "
-          f"peak memory {peak:,.0f} MiB ({what}) | warm-up {warm_s:.1f} s ({mine.warmup} steps"
+          f"{tok_s:,.0f} tok/s | MFU {fmt_mfu(tok_s, model.flops_per_token(), peak_flops(device, rt.dtype))} | "
+          f"peak memory {peak:,.0f} MiB ({what}) | saved for backward {saved:,.1f} MiB | "
+          f"warm-up {warm_s:.1f} s ({mine.warmup} steps"
           f"{', compile included' if rt.compile else ''})")
 
 
@@ -291,7 +327,7 @@ class Suite:
     def __init__(self):
         self.rt = resolve_device('auto', 'auto', 'auto')
         self.gpu = self.rt.device_type == 'cuda'
-        self.peak = peak_flops(self.rt.device)
+        self.peak = peak_flops(self.rt.device, self.rt.dtype)
         if self.gpu:  # the paper_44m shape
             self.shape = dict(n_layer=8, n_embd=512, n_head=8, n_loop=4, block_size=256, batch=64)
             self.V, self.steps, self.name = 20000, 10, 'paper_44m'

@@ -75,3 +75,33 @@ def field_help():
     """{field: its comment in looped.py's LoopedConfig}: the help of train.py's flags."""
     source = inspect.getsource(LoopedConfig)
     return dict(re.findall(r'^    (\w+): [^=\n]+=[^#\n]+#\s*(.+)$', source, flags=re.M))
+
+
+# ---- nanoGPT's habits: flags a nanoGPT user types from memory, each answered by train.py in one line that
+# names this repository's way (the usage guide's table "From nanoGPT" lists them beside the flags that are the same)
+NANOGPT_HABITS = {
+    'init_from': 'continue a run with --resume (the same flags, or --out_dir=FOLDER); no GPT-2 weights '
+                 'are loaded here',
+    'eval_only': 'evaluate a checkpoint with python -m lab.diagnose --out_dir=FOLDER',
+    'gradient_accumulation_steps': 'use --grad_accum=N (micro-steps per optimizer step, counted over all '
+                                   'processes)',
+    'wandb_log': 'no wandb here: each evaluation goes to out_dir/log.jsonl; plot_norms.py draws it',
+    'wandb_project': 'no wandb here: each evaluation goes to out_dir/log.jsonl; plot_norms.py draws it',
+    'wandb_run_name': 'no wandb here: each evaluation goes to out_dir/log.jsonl; plot_norms.py draws it',
+    'lr': 'use --learning_rate',
+    'always_save_checkpoint': 'every evaluation saves out_dir/ckpt.pt (and only after the loss is '
+                              'checked finite)',
+}
+
+
+def habit_error(argv):
+    """One line for the first nanoGPT habit in argv (a config file, or a flag of NANOGPT_HABITS), or None."""
+    for arg in argv:
+        if not arg.startswith('-') and arg.endswith('.py'):
+            return (f"{arg}: config files are not read here; name a configuration with --config=NAME "
+                    f"(one of {', '.join(CONFIGS)}) and override any value with its flag")
+        name = arg[2:].split('=', 1)[0] if arg.startswith('--') else None
+        if name in NANOGPT_HABITS:
+            return f"--{name} is nanoGPT's; {NANOGPT_HABITS[name]}"
+    return None
+

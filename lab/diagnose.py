@@ -50,7 +50,7 @@ def windows(tokens, T, max_windows=None):
 
 def readout_logp(model, h, k):
     """Loop k's log-probabilities from h_k, in float32 (the entropy and KL scores need them exact)."""
-    return F.log_softmax(model.readout_logits(h, k).float(), dim=-1)  # (B, T, V)
+    return F.log_softmax(model.exit_logits(h, k).float(), dim=-1)  # (B, T, V)
 
 
 def rms(h):
@@ -358,7 +358,7 @@ def radial_gradient(model, x, y, K):
     (K, 3) array."""
     states, ces, normed = [], [], []
     for k, h in model.loops(model.embed(x), K):
-        y_k = model.head_input(h, k)  # the readout's output (after the coda, if the model has one)
+        y_k = model.exit_input(h, k)  # the readout's output (after the coda, if the model has one)
         states.append(h)
         normed.append(y_k)
         ces.append(F.nll_loss(F.log_softmax(model.lm_head(y_k).float(), -1).flatten(0, 1), y.flatten()))

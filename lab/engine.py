@@ -88,7 +88,7 @@ class KVCache:
 def next_logits(model, h, k, cache=None):
     """Loop k's logits for the token after the last position, (B, T, C) -> (B, V). A coda attends,
     so it runs on every position (a cache holds the earlier ones); without one the last will do."""
-    return model.readout_logits(h if model.coda else h[:, -1:, :], k, cache)[:, -1, :]
+    return model.exit_logits(h if model.coda else h[:, -1:, :], k, cache)[:, -1, :]
 
 
 @torch.inference_mode()

@@ -7,7 +7,7 @@ growth, and a power law fitted to what comes after the transient, extrapolated t
     python -m lab.norm_course 'out/course/laptop_10k/*-seed*[0-9]' --after=2000   # fit runs you have, from a later step
 
 --run trains COURSE (laptop_10k: rmsnorm and raw at the demo's 3e-3 and the paper's 3e-4; two ablations of the
-first steps at 3e-3, a 500-step warmup under rmsnorm and nanoGPT's small initialization, --init=gpt2, under both
+first steps at 3e-3, a 500-step warmup under rmsnorm and GPT-2's small initialization (untied head), --init=gpt2, under both
 readouts) through grid.run_grid, one run at a time: finished runs are reused, interrupted ones resumed (Ctrl-C
 saves; the same command continues, across sessions too), so the runs can be trained in pieces. The committed
 runs were trained two at a time instead, each single-threaded, with the train.py line the grid gives each (its

@@ -157,16 +157,27 @@ class Run:
             raise RunError(f"{self.dir} already holds a run; pass --resume to continue it, --overwrite to replace "
                            "it, or another --out_dir")
 
+    def resume_hint(self):
+        """Where --resume looked and how to point it elsewhere: a run's folder is named by its flags, so
+        `--resume` alone after `--readout=raw` looks in out/laptop, not in out/laptop-readout_raw."""
+        parent = os.path.dirname(os.path.normpath(self.dir)) or '.'
+        others = sorted(os.path.join(parent, d) for d in os.listdir(parent)
+                        if os.path.isfile(os.path.join(parent, d, 'ckpt.pt'))) if os.path.isdir(parent) else []
+        found = f"; runs there: {', '.join(others[:4])}{' ...' if len(others) > 4 else ''}" if others else ''
+        return (f"--resume looked in {self.dir}, the folder these flags name; give the run's own flags (the "
+                f"folder is named by them) or --out_dir=FOLDER{found}")
+
     def resume(self, args, given, device):
         """(checkpoint, the model config it was trained with) for --resume. The checkpoint's model wins over
         --config (resumed_config), and its dataset and seed over the defaults unless --dataset or --seed is typed
         (the seed draws a sampled depth's loop counts, so a resumed run draws the same ones)."""
         if not os.path.lexists(self.ckpt_path):  # a run stopped before its first save has nothing to continue
             why = ("the run there stopped before its first save; run the same command without --resume to start it "
-                   "afresh" if os.path.lexists(self.log_path) else "there is no run to continue; drop --resume")
+                   "afresh" if os.path.lexists(self.log_path) else "there is no run to continue: " + self.resume_hint())
             raise RunError(f"no checkpoint at {self.ckpt_path}: {why}")
         ckpt = load_checkpoint(self.ckpt_path, device)
-        for name in ('dataset', 'seed'):
+        # the schedule too: a resumed run continues its learning rate where it stopped, unless told otherwise
+        for name in ('dataset', 'seed', 'learning_rate', 'warmup_iters', 'decay_lr', 'lr_decay_iters', 'min_lr'):
             if name not in given:
                 setattr(args, name, ckpt['args'].get(name, getattr(args, name)))
         return ckpt, resumed_config(ckpt, args, given)
@@ -346,21 +357,25 @@ def resumed_config(ckpt, args, given):
     return config
 
 
-def checkpoint_state(raw_model, optimizer, args, step, best_val_loss, last_eval_step, record, data):
+def checkpoint_state(raw_model, optimizer, scaler, args, step, best_val_loss, last_eval_step, record, data):
     """What a checkpoint holds: enough to continue exactly (weights, optimizer, both RNGs) and to sample or
     diagnose without the data folder (the config and the vocabulary). record is the last evaluation's log line,
     so that a resumed run can restore it if a crash came between this save and the log write."""
-    return {'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(), 'config': raw_model.config.to_dict(),
+    return {'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(), 'scaler': scaler.state_dict(),
+            'config': raw_model.config.to_dict(),
             'args': vars(args), 'step': step, 'best_val_loss': best_val_loss, 'last_eval_step': last_eval_step,
             'record': record, 'meta': data.meta, 'data': data.identity,
             'rng': {'torch': torch.get_rng_state(), 'batches': data.gen.get_state(),
                     'cuda': torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
 
 
-def restore(ckpt, model, optimizer, data, args, rank, device_type):
-    """Load weights, optimizer and RNG states from a checkpoint. Returns (step, best val loss, last eval step)."""
+def restore(ckpt, model, optimizer, scaler, data, args, rank, device_type):
+    """Load weights, optimizer, GradScaler and RNG states from a checkpoint. Returns (step, best val loss, last
+    eval step). A scaler saved disabled (not float16) has no state: a float16 resume of it starts a fresh one."""
     model.load_state_dict(ckpt['model'])
     optimizer.load_state_dict(ckpt['optimizer'])
+    if ckpt.get('scaler') and scaler.is_enabled():
+        scaler.load_state_dict(ckpt['scaler'])
     for group in optimizer.param_groups:  # the learning rate is a training flag: the command line wins
         group['lr'] = args.learning_rate
     torch.set_rng_state(ckpt['rng']['torch'].cpu())

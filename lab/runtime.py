@@ -17,28 +17,50 @@ import torch.distributed as dist
 class Runtime:
     device: str          # 'cpu', 'cuda', 'cuda:1', 'mps'
     device_type: str     # 'cpu', 'cuda' or 'mps': what torch.autocast and the optimizer want
-    dtype: str           # 'float32' or 'bfloat16' (the autocast dtype; weights stay fp32)
+    dtype: str           # 'float32', 'bfloat16' or 'float16' (the autocast dtype; weights stay fp32)
     compile: bool        # regional torch.compile (compile_regions)
-    autocast: object     # a context manager: bf16 autocast, or nothing
+    autocast: object     # a context manager: bf16 or float16 autocast, or nothing
 
     def describe(self):
         return f"device: {self.device} | dtype: {self.dtype} | compile: {self.compile}"
 
 
-# Dense bf16 peak FLOP/s by GPU name, for MFU; anything else prints n/a rather than a guess.
-PEAK_FLOPS = {'H100': 989e12, 'H200': 989e12, 'A100': 312e12}
+# Dense (no sparsity) peak TFLOP/s for MFU, from NVIDIA's datasheets: (a part of the name torch gives the
+# device, bf16, float16, float32). float32 is the TF32 tensor-core peak where the GPU has one, since
+# resolve_device lets float32 matmuls run as TF32 (T4 and V100 have none: their plain FP32 peak); None where
+# the GPU has no bf16. The GeForce cards' tensor peaks are with FP32 accumulation, which torch uses. The A10G
+# (AWS's A10) has no datasheet of its own: 70 is the figure in use, and a large bf16 matmul reaches 69.5 on it.
+# The first match wins, so a variant comes before its family ('H100 PCIe' before 'H100', 'A100' before
+# 'A10'); any other device prints n/a rather than a guess.
+PEAK_TFLOPS = [
+    ('H100 PCIe', 756, 756, 378), ('H100 NVL', 835, 835, 418), ('H100', 989, 989, 495),  # H100: SXM
+    ('H200', 989, 989, 495), ('A100', 312, 312, 156), ('A10G', 70, 70, 35), ('A10', 125, 125, 62.5),
+    ('L40S', 362, 362, 183), ('L40', 181, 181, 90.5), ('L4', 121, 121, 60),
+    ('T4', None, 65, 8.1), ('V100-PCIE', None, 112, 14), ('V100', None, 125, 15.7),  # V100: SXM2
+    ('RTX 4090', 165, 165, 82.6), ('RTX 3090', 71, 71, 35.6),
+]
+DTYPES = ('bfloat16', 'float16', 'float32')  # PEAK_TFLOPS' columns
 
 
-def peak_flops(device):
+def peak_flops(device, dtype='bfloat16'):
+    """The device's dense peak FLOP/s in the dtype that its matmuls run in, or None (n/a)."""
     if not str(device).startswith('cuda'):
         return None
-    name = torch.cuda.get_device_name(device)
-    return next((v for k, v in PEAK_FLOPS.items() if k in name), None)
+    name = torch.cuda.get_device_name(device).lower()
+    peaks = next((p for p in PEAK_TFLOPS if p[0].lower() in name), None)
+    tflops = peaks and peaks[1 + DTYPES.index(dtype)]
+    return tflops * 1e12 if tflops else None
 
 
 def fmt_mfu(tokens_per_s, flops_per_token, peak):
     """Model FLOPs utilization: the share of the device's peak that the model's own FLOPs use."""
     return 'n/a' if peak is None else f"{100 * tokens_per_s * flops_per_token / peak:.1f}%"
+
+
+def grad_scaler(rt):
+    """float16's loss scaling, which keeps small gradients from flushing to zero and skips a step whose
+    gradients overflowed; under any other dtype a pass-through (its scale, step and update do nothing more)."""
+    return torch.amp.GradScaler(rt.device_type, enabled=rt.dtype == 'float16')
 
 
 def synchronize(device_type):
@@ -48,8 +70,10 @@ def synchronize(device_type):
 
 def resolve_device(device='auto', dtype='auto', compile='auto'):
     """The one place where device, dtype and compile are decided (every script calls it). 'auto' means: CUDA,
-    else MPS, else CPU; bf16 autocast on CUDA only; compile on CUDA only (on a CPU it costs about 30 s and
-    gains nothing at this size). ValueError with a one-line message for a device this machine does not have."""
+    else MPS, else CPU; bf16 autocast on a CUDA GPU that has bf16, float16 autocast (with train.py's GradScaler)
+    on one that does not, as nanoGPT chooses, float32 elsewhere; compile on CUDA only (on a CPU it costs about
+    30 s and gains nothing at this size). ValueError with a one-line message for a device this machine does not
+    have, or for float16 off CUDA."""
     if device == 'auto':
         device = 'cuda' if torch.cuda.is_available() else 'mps' if torch.backends.mps.is_available() else 'cpu'
     try:
@@ -62,13 +86,19 @@ def resolve_device(device='auto', dtype='auto', compile='auto'):
         raise ValueError(f"device {device!r}: MPS (Apple GPU) is not available here")
     if device_type not in ('cpu', 'cuda', 'mps'):
         raise ValueError(f"device {device!r}: only cpu, cuda and mps are supported")
-    if dtype == 'auto':
-        dtype = 'bfloat16' if device_type == 'cuda' and torch.cuda.is_bf16_supported() else 'float32'
+    if dtype == 'auto' and device_type == 'cuda':  # emulated bf16 (a T4's) would be slow: float16 there
+        dtype = 'bfloat16' if torch.cuda.is_bf16_supported(including_emulation=False) else 'float16'
+    elif dtype == 'auto':
+        dtype = 'float32'
+    if dtype == 'float16' and device_type != 'cuda':
+        raise ValueError(f"--dtype=float16 needs CUDA (its GradScaler is for GPUs); on {device_type} use "
+                         "float32 or bfloat16")
     if device_type == 'cuda':
         torch.backends.cuda.matmul.allow_tf32 = True  # TF32 for any fp32 matmul that autocast leaves alone
         torch.backends.cudnn.allow_tf32 = True
-    # bf16 autocast: weights and the residual stream stay fp32, matmuls run in bf16
-    ctx = torch.autocast(device_type, dtype=torch.bfloat16) if dtype == 'bfloat16' else nullcontext()
+    # autocast: weights and the residual stream stay fp32, matmuls run in bf16 or float16
+    half = {'bfloat16': torch.bfloat16, 'float16': torch.float16}.get(dtype)
+    ctx = torch.autocast(device_type, dtype=half) if half else nullcontext()
     return Runtime(device, device_type, dtype, device_type == 'cuda' if compile == 'auto' else bool(compile), ctx)
 
 
@@ -80,7 +110,7 @@ def compile_regions(model):
     # torch.compile has no double backward, which the Jacobian penalty's estimate needs
     for block in [] if model.config.jacobian_penalty > 0 else [*model.blocks, *model.prelude, *model.coda]:
         block.compile()
-    # an attribute of the method's own name: every caller (forward, readout_loss, lab/diagnose.py) gets the compiled
+    # an attribute of the method's own name: every caller (exit_loss, and so forward) gets the compiled
     # one, and `del model.head_loss` brings back the plain method
     model.head_loss = torch.compile(model.head_loss)
     return model

@@ -13,20 +13,26 @@ SMALL = ['--vocab_size=50257', '--n_embd=64', '--n_layer=1', '--n_head=2', '--ba
          '--steps=1', '--warmup=1']
 
 
-def peak_mib(supervision):
-    # one process per configuration: the CPU measure is the process's peak resident memory
-    r = subprocess.run([sys.executable, '-m', 'lab.bench', *SMALL, f'--supervision={supervision}'], cwd=ROOT,
-                       capture_output=True, text=True)
+def saved_mib(supervision, n_loop=4):
+    """What one training forward keeps for its backward (lab.bench's 'saved for backward'): the measure of
+    "K copies of the logits", exact and the same in every run. The process's peak resident memory, which this
+    test read before, also holds what the allocator kept from other work and varied from run to run (per_loop
+    236-260 MiB against terminal 207-220 on an idle machine), so it failed at random."""
+    r = subprocess.run([sys.executable, '-m', 'lab.bench', *SMALL, f'--supervision={supervision}',
+                        f'--n_loop={n_loop}'], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     line = r.stdout.strip().splitlines()[-1]
-    assert 'tok/s' in line and 'MFU n/a' in line
-    return float(re.search(r'peak memory ([\d,]+) MiB', line).group(1).replace(',', ''))
+    assert 'tok/s' in line and 'MFU n/a' in line and 'peak memory' in line
+    return float(re.search(r'saved for backward ([\d,.]+) MiB', line).group(1).replace(',', ''))
 
 
-def test_per_loop_peak_memory_within_25_percent_of_terminal():
-    per_loop, terminal = peak_mib('per_loop'), peak_mib('terminal')
+def test_per_loop_keeps_within_25_percent_of_terminals_memory_for_backward():
+    per_loop, terminal, one_loop = saved_mib('per_loop'), saved_mib('terminal'), saved_mib('per_loop', 1)
     assert terminal > 40  # the measure sees at least one (4, 64, 50257) fp32 set of logits (49 MiB)
     assert per_loop <= 1.25 * terminal, (per_loop, terminal)
+    # terminal reads out every loop too (for the log), so it shares per_loop's readouts: against one loop,
+    # K = 4 loops may not keep 3 more sets of logits either
+    assert per_loop <= 1.25 * one_loop, (per_loop, one_loop)
 
 
 def test_suite_on_a_cpu_prints_the_table_and_writes_json(tmp_path):

@@ -119,7 +119,7 @@ def test_normed_recurrence_reads_out_and_logs_the_pre_norm_state():
     x, y = batch()
     model = tiny(readout='raw', recurrence='normed').eval()
     with torch.no_grad():
-        losses = [model.readout_loss(pass_inputs(model, x, a)[1][-1], y, 3).item() for a in (1.0, 10.0)]
+        losses = [model.exit_loss(pass_inputs(model, x, a)[1][-1], 3, y)[1].item() for a in (1.0, 10.0)]
     assert abs(losses[0] - losses[1]) > 0.1, losses
     model = tiny(recurrence='normed', norm_penalty=0.01)
     states = capture_states(model)
@@ -162,7 +162,7 @@ def test_alpha_one_is_exactly_the_raw_readout():
     raw, alpha = tiny(readout='raw'), tiny(readout='alpha', alpha=1.0)
     alpha.readout.norm.log_s_ref.data.fill_(1.7)  # s_ref is irrelevant at alpha = 1
     alpha.lm_head.weight.data.copy_(raw.lm_head.weight.data)
-    assert torch.equal(alpha.readout_logits(h, 1), raw.readout_logits(h, 1))
+    assert torch.equal(alpha.exit_logits(h, 1), raw.exit_logits(h, 1))
 
 
 @pytest.mark.parametrize('a', [0.0, 0.3, 0.5, 1.0])
@@ -183,7 +183,7 @@ def test_alpha_logits_scale_as_a_power_through_the_head():
     model = tiny(readout='alpha', alpha=0.3).double()
     h = torch.randn(2, 5, 32, dtype=torch.float64) * 3
     for c in (0.1, 7.0, 1000.0):
-        assert torch.allclose(model.readout_logits(c * h, 3), c ** 0.3 * model.readout_logits(h, 3), rtol=1e-6)
+        assert torch.allclose(model.exit_logits(c * h, 3), c ** 0.3 * model.exit_logits(h, 3), rtol=1e-6)
 
 
 def test_learned_alpha_starts_at_half_and_its_gradients_match_finite_differences():
@@ -304,7 +304,7 @@ def test_checkpointed_readouts_give_the_same_gradients(readout):
     model(x, y)[1].backward()
     checkpointed = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
-    ces = [model.readout_loss(h, y, k) for k, h in model.loops(model.embed(x), 3)]
+    ces = [model.exit_loss(h, k, y)[1] for k, h in model.loops(model.embed(x), 3)]
     torch.stack(ces).mean().backward()
     assert all(torch.allclose(checkpointed[n], p.grad, atol=1e-6) for n, p in model.named_parameters())
 

@@ -66,13 +66,17 @@ MUTATIONS = [
      'r2 = h.pow(2).mean(-1) + eps', 'r2 = h.pow(2).mean(-1)'),
     # ---- A3: LoopedGPT.loops ----
     ('a3', 'looped.py', 'a list instead of a generator (all passes run before the first is used)',
-     '''        c, h = self.config, e
+     '''        c, h = self.config, e if h is None else h
         for k in range(1, n_loop + 1):''',
-     '''        return list(self._all_passes(e, n_loop, edit, cache))
+     '''        return list(self._all_passes(e, n_loop, edit, cache, h))
 
-    def _all_passes(self, e, n_loop, edit=None, cache=None):
-        c, h = self.config, e
+    def _all_passes(self, e, n_loop, edit=None, cache=None, h=None):
+        c, h = self.config, e if h is None else h
         for k in range(1, n_loop + 1):'''),
+    ('a3', 'looped.py', 'the damping left out of the carried state',
+     'h = torch.sigmoid(self.damping) * h  #', 'h = h  #'),
+    ('a3', 'looped.py', 'a start state h ignored',
+     'c, h = self.config, e if h is None else h', 'c, h = self.config, e'),
     ('a3', 'looped.py', 'yield after the inter-loop norm',
      '''            yield k, h
 ''',

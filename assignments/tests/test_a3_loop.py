@@ -87,6 +87,32 @@ def test_residual_recurrence_carries_the_state_as_it_is():
             f"returned it (scale and all)")
 
 
+def test_damped_recurrence_starts_each_pass_from_sigmoid_a_times_h_k_and_yields_it_undamped():
+    model = tiny(recurrence='damped').eval()
+    with torch.no_grad():
+        model.damping.fill_(0.5)  # sigmoid(0.5) = 0.6225, not its initial 0.88
+    h0 = torch.randn(2, 5, 32)
+    inputs, outputs = recorded(model, scale=3.0)
+    with torch.no_grad():
+        yielded = [h for _, h in model.loops(h0, 3)]
+    assert torch.equal(inputs[0], h0), "pass 1 must start from h_0 itself (no damping before it)"
+    factor = torch.sigmoid(torch.tensor(0.5))
+    for k in (1, 2):
+        assert torch.equal(yielded[k - 1], outputs[k - 1]), \
+            f"loops must yield h_{k} undamped: the damping is for what the next pass starts from"
+        check_close(inputs[k], factor * outputs[k - 1], f"damped: pass {k + 1} must start from sigmoid(a) * h_{k}")
+
+
+def test_a_start_state_h_replaces_e_as_h_0_but_not_as_the_injected_e():
+    model = tiny(injection='add').eval()
+    calls = spied(model)
+    e, start = torch.randn(2, 5, 32), torch.randn(2, 5, 32)
+    with torch.no_grad():
+        list(model.loops(e, 2, h=start))
+    assert torch.equal(calls[0][0], start), "given h, pass 1 must start from it, not from e"
+    assert all(torch.equal(c[1], e) for c in calls), "e stays what is injected, whatever h starts from"
+
+
 @pytest.mark.parametrize('scale', [0.1, 1.0, 100.0])
 def test_normed_recurrence_starts_each_pass_at_the_gain(scale):
     """No norm before pass 1; pass k + 1 starts from the inter-loop RMSNorm of h_k (RMS = its
