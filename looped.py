@@ -15,6 +15,8 @@ growing it. The fields that expose or remove it:
     recurrence    residual | normed     loop k+1 starts from h_k, or from RMSNorm(h_k)
                   damped                or from sigmoid(a) * h_k, a learned (the authors' damping)
     supervision   per_loop | terminal   the mean of the K cross-entropies, or the last one alone
+                  gated                 Ouro's: sum_k p_k CE_k - beta H(p), p a learned exit gate's
+                                        (gate_input: what it reads; gate_beta: beta)
     norm_penalty  lambda                adds lambda * mean_k mean(h_k^2)
 
 The other looped LMs (Huginn, looped_nanochat, nanoLOOP) build the loop in ways that are fields
@@ -41,7 +43,8 @@ from torch.utils.checkpoint import checkpoint
 
 # The allowed values of every text field; the first is the default.
 CHOICES = {
-    'supervision': ('per_loop', 'terminal'),
+    'supervision': ('per_loop', 'terminal', 'gated'),
+    'gate_input': ('raw', 'readout'),
     'readout': ('rmsnorm', 'layernorm', 'raw', 'final_norm', 'alpha'),
     'recurrence': ('residual', 'normed', 'damped'),
     'init': ('paper', 'gpt2', 'paper_small_embed'),
@@ -63,7 +66,9 @@ class LoopedConfig:
     n_layer: int = 2  # layers in the ONE shared stack (unique layers, not the unrolled depth)
     n_loop: int = 4  # K: how many times the stack is applied (unrolled depth n_layer * K)
     dropout: float = 0.0  # the paper uses 0.1; tiny CPU runs learn faster without
-    supervision: str = 'per_loop'  # which loops get a cross-entropy: all K, or the last
+    supervision: str = 'per_loop'  # which loops get a cross-entropy: all K, the last, or gated
+    gate_input: str = 'raw'  # gated: the exit gate reads h_k itself (the authors'), or the readout
+    gate_beta: float = 0.1  # gated: beta in sum_k p_k CE_k - beta H(p); H <= ln 4 = 1.39 at K = 4
     readout: str = 'rmsnorm'  # what the LM head sees of h_k (see Readout)
     alpha: Optional[float] = None  # readout=alpha: unset learns alpha, a number in [0, 1] fixes it
     norm_penalty: float = 0.0  # lambda in lambda * mean_k mean(h_k^2); the paper uses 0.01
@@ -99,6 +104,7 @@ class LoopedConfig:
             ('norm_penalty', 0 <= self.norm_penalty < math.inf, 'must be a finite number >= 0'),
             ('jacobian_penalty', 0 <= self.jacobian_penalty < math.inf,
              'must be a finite number >= 0'),
+            ('gate_beta', 0 <= self.gate_beta < math.inf, 'must be a finite number >= 0'),
             ('alpha', self.alpha is None or 0 <= self.alpha <= 1,
              'must be in [0, 1] (or unset, to learn it)'),
             ('alpha', self.alpha is None or self.readout == 'alpha',
@@ -307,6 +313,8 @@ class LoopedGPT(nn.Module):
         diagonal, damped = config.injection == 'diagonal', config.recurrence == 'damped'
         self.diagonal = DiagonalInjection(config) if diagonal else None
         self.damping = nn.Parameter(torch.tensor(2.0)) if damped else None  # sigmoid(2) = 0.88
+        gated = config.supervision == 'gated'
+        self.exit_gate = nn.Linear(d, 1) if gated else None  # lambda_k = sigmoid(exit_gate(h_k))
         self._init_weights()
 
     def _init_weights(self):
@@ -405,9 +413,10 @@ class LoopedGPT(nn.Module):
         """Loop k's logits from h_k: (B, T, C) -> (B, T, V)."""
         return self.lm_head(self.exit_input(h, k, cache))
 
-    def exit_loss(self, h, k, targets):
-        """Loop k's (logits (B, T, V), float32 cross-entropy) from h_k (B, T, C), targets (B, T)."""
-        return self.head_loss(self.exit_input(h, k), targets)
+    def exit_loss(self, h, k, targets, reduction='mean'):
+        """Loop k's (logits (B, T, V), float32 cross-entropy) from h_k (B, T, C), targets (B, T);
+        reduction 'none': the cross-entropy of every token, (B * T,)."""
+        return self.head_loss(self.exit_input(h, k), targets, reduction)
 
     def exit_input(self, h, k, cache=None):
         """What the LM head reads of h_k (B, T, C) at loop k: the coda's layers, the readout."""
@@ -415,12 +424,19 @@ class LoopedGPT(nn.Module):
             h = block(h, cache and cache.layer('coda', k, i))
         return self.readout(h, k)
 
-    def head_loss(self, x, targets):
+    def head_loss(self, x, targets, reduction='mean'):
         """The LM head and its float32 cross-entropy on x = exit_input(h_k, k): (logits, loss).
         lab/runtime.py compiles it on a GPU, so no float32 copy of the logits is kept."""
         logits = self.lm_head(x)                                      # (B, T, V)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1,
+                               reduction=reduction)
         return logits, loss
+
+    def gate_logit(self, h, k, cache=None):
+        """Loop k's exit-gate logit, (B, T, C) -> (B, T): of h_k itself ('raw', as the authors'
+        gate, which sees the scale), or of what the head reads ('readout', which may not)."""
+        x = h if self.config.gate_input == 'raw' else self.exit_input(h, k, cache)
+        return self.exit_gate(x).squeeze(-1).float()
 
     def supervision_loss(self, ces):
         """The training loss from the per-loop cross-entropies ces[k-1], k = 1..K (scalars): their
@@ -428,6 +444,24 @@ class LoopedGPT(nn.Module):
         if self.config.supervision == 'per_loop':
             return torch.stack(ces).mean()
         return ces[-1]
+
+    def exit_distribution(self, gate_logits):
+        """Ouro's exit distribution from the gate's logits (n, ...) of loops 1..n: p_k = lambda_k
+        * prod_{j<k} (1 - lambda_j) with lambda = sigmoid(logit), and the last loop takes the mass
+        left, so p sums to 1 over k for every token. Returns (n, ...)."""
+        lam = torch.sigmoid(gate_logits.float())
+        left = torch.cumprod(1 - lam, dim=0)                          # prod_{j<=k} (1 - lambda_j)
+        before = torch.cat([torch.ones_like(left[:1]), left[:-1]])    # prod_{j<k}
+        return torch.cat([(lam * before)[:-1], before[-1:]])
+
+    def gated_loss(self, ces, gate_logits):
+        """Gated supervision: sum_k p_k CE_k - beta H(p) per token, averaged over the tokens, from
+        every loop's per-token cross-entropy (B * T,) and gate logits (B, T). The entropy keeps the
+        gate from putting all its mass on one loop. Returns (loss, p (n, B * T))."""
+        p = self.exit_distribution(torch.stack([g.flatten() for g in gate_logits]))
+        entropy = -(p * p.clamp_min(1e-12).log()).sum(0)              # (B * T,)
+        loss = (p * torch.stack(ces)).sum(0) - self.config.gate_beta * entropy
+        return loss.mean(), p
 
     def norm_penalty(self, states):
         """lambda * mean over loops of mean(h_k^2), on the states h_1..h_K that loops() yields
@@ -455,23 +489,32 @@ class LoopedGPT(nn.Module):
         if T > self.config.block_size:
             raise ValueError(f"sequence of length {T} is longer than "
                              f"block_size={self.config.block_size}")
-        norms, states, ces, e = [], [], [], self.embed(idx)
+        gated = self.exit_gate is not None
+        per_token = 'none' if gated else 'mean'  # gated weighs each token's CE by its own p_k
+        norms, states, ces, gates, e = [], [], [], [], self.embed(idx)
         for k, h in self.loops(e, K):                                 # h = h_k: (B, T, C)
             norms.append(h.detach().float().norm(dim=-1).mean())     # ||h_k||, before any norm
             states.append(h)
             if targets is None:
                 continue
             if k < K:  # recomputed in backward, not kept: K copies of the logits would not fit
-                ce = checkpoint(self.exit_loss, h, k, targets, use_reentrant=False)[1]
+                ce = checkpoint(self.exit_loss, h, k, targets, per_token, use_reentrant=False)[1]
             else:
-                logits, ce = self.exit_loss(h, k, targets)            # (B, T, V), returned
+                logits, ce = self.exit_loss(h, k, targets, per_token)  # (B, T, V), returned
             ces.append(ce)
+            if gated:
+                gates.append(self.gate_logit(h, k))                   # (B, T)
         stats = {'hidden_norm': torch.stack(norms),
-                 'ce': torch.stack([ce.detach() for ce in ces]) if ces else None}
+                 'ce': torch.stack([ce.detach().mean() for ce in ces]) if ces else None}
         if targets is None:  # only the next token is needed; a coda attends over the whole sequence
             logits = self.exit_logits(h if self.coda else h[:, -1:, :], K)[:, -1:, :]
             return logits, None, stats
-        loss = self.supervision_loss(ces)
+        if gated:
+            loss, p = self.gated_loss(ces, gates)
+            stats['exit_prob'] = p.detach().mean(dim=1)               # (n_loop,): mean p_k
+            stats['gate_logit'] = torch.stack(gates).detach().abs().mean(dim=(1, 2))  # its scale
+        else:
+            loss = self.supervision_loss(ces)
         if self.config.norm_penalty > 0:
             loss = loss + self.norm_penalty(states)
         if self.config.jacobian_penalty > 0 and torch.is_grad_enabled():  # at h_K, as STARS
@@ -486,10 +529,11 @@ class LoopedGPT(nn.Module):
         matrix; one missing from it is an error, so a new design must say. The Jacobian penalty's
         extra pass is counted as one more pass (its double backward costs somewhat more)."""
         c, K = self.config, n_loop or self.config.n_loop
-        readouts = K if c.supervision == 'per_loop' else 1
+        readouts = 1 if c.supervision == 'terminal' else K
         passes = K + (c.jacobian_penalty > 0)
         uses = {'blocks': passes, 'adapter': passes, 'diagonal': passes, 'prelude': 1,
-                'coda': readouts, 'wte': 0, 'wpe': 0, 'lm_head': 0}  # lm_head: below, tied or not
+                'coda': readouts, 'exit_gate': K, 'wte': 0, 'wpe': 0,
+                'lm_head': 0}  # lm_head: below, tied or not
         unknown = [n for n, p in self.named_parameters()
                    if p.dim() >= 2 and n.split('.')[0] not in uses]
         if unknown:

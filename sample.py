@@ -12,7 +12,7 @@ Generate text from a trained looped model, at its trained loop count or any othe
 
 nanoGPT's sample.py, with loops. The generation itself is lab/engine.py's generate: a KV
 cache per loop, each sample of the batch exiting at its own loop (--show_depth marks where), and
-the exit rules (EXITS). Not here: calibrating and timing the exits (lab/diagnose.py), the cache
+the exit rules (RULES). Not here: calibrating and timing the exits (lab/diagnose.py), the cache
 against recomputing (python -m lab.bench --generate). Needs only looped.py, lab/ and
 data/common.py beside it: the vocabulary is in the checkpoint, so no dataset.
 """
@@ -23,7 +23,7 @@ import sys
 
 import torch
 
-from lab.engine import EXITS, generate
+from lab.engine import RULES, generate
 from lab.report import at_least, one_line_errors
 from lab.runs import condition_name, load_model
 from lab.runtime import resolve_device
@@ -104,13 +104,14 @@ def get_parser():
     p.add_argument('--seed', type=int, default=1337)
     p.add_argument('--n_loop', type=int, default=None,
                    help='loops per token (default: the trained K)')
-    p.add_argument('--exit', default='none', choices=('none',) + EXITS,
+    p.add_argument('--exit', default='none', choices=('none',) + RULES,
                    help='early exit per token: confidence (top probability >= threshold), '
-                        'kl (KL between successive loops <= threshold) or latent (relative '
-                        'change of the hidden state <= threshold)')
+                        'kl (KL between successive loops <= threshold), latent (relative '
+                        'change of the hidden state <= threshold) or gate (the learned exit '
+                        "gate's cumulative exit probability >= threshold; --supervision=gated)")
     p.add_argument('--exit_threshold', type=float, default=None,
                    help='threshold of --exit (e.g. 0.9 for confidence, 0.01 for kl, 0.2 for '
-                        'latent; lab/diagnose.py calibrates one)')
+                        'latent, 0.5 for gate; lab/diagnose.py calibrates one)')
     p.add_argument('--show_depth', action='store_true',
                    help='mark every generated token with the loop at which it exited (colours in a '
                         'terminal, a line of digits under the text otherwise)')
@@ -152,6 +153,9 @@ def main(argv=None):
         p.error(str(e))
     if not ids:
         p.error("the start text is empty")
+    if args.exit == 'gate' and model.exit_gate is None:
+        p.error(f"--exit=gate needs a model trained with --supervision=gated; {args.out_dir} has "
+                "no exit gate (use --exit=confidence, kl or latent)")
 
     torch.manual_seed(args.seed)  # the same seed gives the same samples
     n_loop = args.n_loop or config.n_loop  # more than the trained K extrapolates, fewer exits early

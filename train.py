@@ -415,11 +415,16 @@ def design_values(model, batch, ctx):
         values['decay'] = [decay.mean().item(), decay.min().item(), decay.max().item()]
     if model.damping is not None:  # the factor the carried state is damped by between passes
         values['damping'] = torch.sigmoid(model.damping).item()
-    if model.config.jacobian_penalty > 0:  # STARS's ||v^T J||, at one validation batch's h_K
-        model.eval()
+    if model.config.jacobian_penalty > 0 or model.exit_gate is not None:
+        model.eval()  # one validation batch at K loops; STARS's estimate needs a graph
         with torch.enable_grad(), ctx:
-            values['jacobian'] = model(*batch)[2]['jacobian'].item()
+            stats = model(*batch)[2]
         model.train()
+        if 'jacobian' in stats:  # ||v^T J|| at h_K
+            values['jacobian'] = stats['jacobian'].item()
+        if 'exit_prob' in stats:  # the gate's exit distribution over loops 1..K, and its logits
+            values['exit_prob'] = stats['exit_prob'].tolist()
+            values['gate_logit'] = stats['gate_logit'].tolist()
     return values
 
 
@@ -439,6 +444,9 @@ class Report:
                    'damping': 'damping {:.3f}', 'jacobian': '||vJ|| {:.3f}'}  # design_values'
         extra = ''.join(f" | {form.format(*np.atleast_1d(record[key]))}"
                         for key, form in designs.items() if key in record)
+        if 'exit_prob' in record:  # gated: p_k and |gate logit| at loops 1..K
+            extra += (f" | exit p {' '.join(f'{v:.3f}' for v in record['exit_prob'])}"
+                      f" | |gate logit| {' '.join(f'{v:.1f}' for v in record['gate_logit'])}")
         return (f"eval {record['step']}: val loss by depth {' '.join(f'{v:.3f}' for v in loss[:K])}"
                 f" | 2K {loss[-1]:.3f} | ||h_k|| {' '.join(f'{v:.1f}' for v in norm[:K])}"
                 f" | 2K {norm[-1]:.1f}{extra}")

@@ -61,7 +61,7 @@ def steps_from_epochs(epochs, n_tokens, block_size, global_batch):
 NOT_VARIANTS = ('vocab_size', 'block_size', 'n_embd', 'n_head', 'n_layer', 'n_loop', 'dropout',
                 'tie_weights', 'attention', 'norm_eps')
 TAGS = {'alpha': 'alpha', 'norm_penalty': 'pen', 'n_prelude': 'prelude', 'n_coda': 'coda', 'bptt': 'bptt',
-        'jacobian_penalty': 'jac'}
+        'jacobian_penalty': 'jac', 'gate_input': 'gate_', 'gate_beta': 'beta'}
 LABELS = {'alpha': ' {v}', 'norm_penalty': ' + penalty {v}', 'init': ' ({v} init)'}
 NAMED = {('norm_penalty', 0.01): ' + penalty'}  # the paper's penalty, as the grids' tables name it
 
@@ -91,6 +91,8 @@ NANOGPT_HABITS = {
     'lr': 'use --learning_rate',
     'always_save_checkpoint': 'every evaluation saves out_dir/ckpt.pt (and only after the loss is '
                               'checked finite)',
+    'bias': 'the layers have no biases (as the paper)',
+    'backend': 'torchrun joins NCCL on CUDA and gloo on a CPU by itself',
 }
 
 

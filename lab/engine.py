@@ -9,6 +9,8 @@ looping at its own loop once an exit rule passes:
     confidence   the top probability reaches the threshold
     kl           KL(p_k || p_{k-1}) falls to the threshold or below
     latent       ||h_k - h_{k-1}|| / ||h_{k-1}|| does (Huginn's and looped_nanochat's rule)
+    gate         the learned gate's cumulative exit probability 1 - prod_{j<=k} (1 - lambda_j)
+                 reaches it (Ouro's rule; a model trained with supervision='gated' has the gate)
 
 The shared stack sees another state at every loop, so the cache keeps one entry per layer and loop.
 A token that exits at loop d ran no later loop: each later loop's entry at its position takes loop
@@ -24,7 +26,8 @@ import torch.nn.functional as F
 
 from looped import sample
 
-EXITS = ('confidence', 'kl', 'latent')
+EXITS = ('confidence', 'kl', 'latent')  # the training-free rules, which any model can use
+RULES = EXITS + ('gate',)  # and the learned gate's
 
 
 def latent_change(h, h_prev):
@@ -85,6 +88,12 @@ class KVCache:
                     to[skipped, :, t] = fro[skipped, :, t]
 
 
+def next_gate(model, h, k, cache=None):
+    """Loop k's exit-gate logit for the last position, (B, T, C) -> (B,). A coda attends, so a gate
+    on the head's input runs it on every position (and writes its cache entries again, the same)."""
+    return model.gate_logit(h if model.coda else h[:, -1:, :], k, cache)[:, -1]
+
+
 def next_logits(model, h, k, cache=None):
     """Loop k's logits for the token after the last position, (B, T, C) -> (B, V). A coda attends,
     so it runs on every position (a cache holds the earlier ones); without one the last will do."""
@@ -97,11 +106,15 @@ def next_logprobs(model, window, n_loop, exit_rule=None, exit_threshold=None, ca
     which each sequence exited (the first whose readout passes the rule, or n_loop). A sequence that
     stopped keeps its own loop's readout while the others go on. With a cache only the positions
     after its length run; a prefill (an empty cache) runs every loop, to fill the cache."""
+    if exit_rule == 'gate' and model.exit_gate is None:
+        raise ValueError("exit rule 'gate' needs a model trained with --supervision=gated; this "
+                         "one has no exit gate (use confidence, kl or latent)")
     B, prefill = window.size(0), cache is None or cache.length == 0
     new = window if cache is None else window[:, cache.length:]      # the positions not cached
     e = model.embed(new, cache)                                       # (B, T_new, C)
     logp, logp_prev, h_prev = None, None, e[:, -1, :]                 # latent compares h_1 with e
     depth, done = window.new_full((B,), n_loop), window.new_zeros(B, dtype=torch.bool)
+    stay = torch.ones(B, device=window.device)  # the gate: the probability of no exit so far
     for k, h in model.loops(e, n_loop, cache=cache):
         if exit_rule is None and k < n_loop:
             continue                                                  # no rule: the last loop alone
@@ -109,6 +122,9 @@ def next_logprobs(model, window, n_loop, exit_rule=None, exit_threshold=None, ca
         h_last = h[:, -1, :]                                          # (B, C)
         if exit_rule is None or k == n_loop:
             stops = ~done
+        elif exit_rule == 'gate':
+            stay = stay * (1 - torch.sigmoid(next_gate(model, h, k, cache)))
+            stops = (1 - stay >= exit_threshold) & ~done
         else:
             passes = exit_passes(exit_rule, exit_threshold, logp_k, logp_prev, h_last, h_prev)
             stops = passes & ~done

@@ -137,9 +137,15 @@ ATLAS, ATLAS_DESIGN = atlas_grid()
 # Claim 4 (scale control wins at matched depth once training is long enough) compares per-loop runs only.
 CLAIM4 = ['per_loop + rmsnorm', 'per_loop + raw', 'per_loop + rmsnorm + penalty', 'per_loop + final_norm',
           'per_loop + rmsnorm + normed', 'per_loop + alpha']
+# Gated supervision (issue 57): Ouro's learned exit gate on the raw state or on the head's input, under both
+# readouts; per-loop supervision's rows of the same protocol are the atlas's residual rows
+GATE = {'gated + rmsnorm': ['--supervision=gated', '--readout=rmsnorm'],
+        'gated + raw': ['--supervision=gated', '--readout=raw'],
+        'gated + rmsnorm + gate_readout': ['--supervision=gated', '--readout=rmsnorm', '--gate_input=readout'],
+        'gated + raw + gate_readout': ['--supervision=gated', '--readout=raw', '--gate_input=readout']}
 # The named grids (plot_norms.py --grid): each a fixed list of conditions, so adding a design changes none of them
 GRIDS = {'paper': dict(CONDITIONS), 'claim4': {n: CONDITIONS[n] for n in CLAIM4}, 'atlas': ATLAS,
-         'readouts': {n: CONDITIONS[n] for n in ('per_loop + rmsnorm', 'per_loop + raw')}}
+         'readouts': {n: CONDITIONS[n] for n in ('per_loop + rmsnorm', 'per_loop + raw')}, 'gate': GATE}
 # the grid a configuration runs unless --grid says otherwise (laptop_deep asks whether the ranking of the two
 # readouts turns in a deeper stack, 13 minutes a run on 2 cores); any other configuration: the paper's ten
 DEFAULT_GRID = {'laptop_long': 'claim4', 'laptop_deep': 'readouts'}

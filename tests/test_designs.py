@@ -45,6 +45,7 @@ def record_passes(model):
 
 # a value other than the default for every field train.py has a flag for, all valid together
 NON_DEFAULT = dict(block_size=16, n_embd=16, n_head=2, n_layer=1, n_loop=3, dropout=0.1, supervision='terminal',
+                   gate_input='readout', gate_beta=0.2,
                    readout='alpha', alpha=0.5, norm_penalty=0.02, recurrence='normed', init='gpt2', mlp='gelu',
                    injection='concat', n_prelude=1, n_coda=1, block='sandwich', depth_sampling='poisson_lognormal',
                    bptt=1, residual_scale='inverse_k', jacobian_penalty=0.1, tie_weights=True, attention='manual',

@@ -3,6 +3,7 @@ the progress line's figures (loss, tok/s, ETA, MFU), the evaluation's weighting 
 habits typed from nanoGPT and the flags' bare forms and helps."""
 
 import math
+import os
 import re
 import warnings
 from types import SimpleNamespace
@@ -11,7 +12,9 @@ import pytest
 import torch
 
 import train
+from conftest import ROOT
 from lab import runtime
+from lab.configs import NANOGPT_HABITS
 from lab.runs import load_checkpoint
 from looped import LoopedGPT
 
@@ -274,6 +277,14 @@ def test_each_nanogpt_habit_is_one_line_naming_this_repositorys_way(habit, ours)
         train.main(habit)
     err = str(e.value.code)  # sys.exit(message): one line on stderr, exit status 1
     assert err.startswith('train.py: error: ') and ours in err and '\n' not in err, err
+
+
+def test_every_nanogpt_flag_in_the_usage_table_gets_its_one_line():
+    with open(os.path.join(ROOT, 'docs', 'usage.md')) as f:
+        table = f.read().split('### From nanoGPT')[1].split('\n\n')[2]
+    first = re.findall(r'^\| ([^|]*) \|', table, re.M)  # the nanoGPT column
+    named = {flag for cell in first for flag in re.findall(r'`--(\w+)', cell)}
+    assert named and named <= set(NANOGPT_HABITS), sorted(named - set(NANOGPT_HABITS))
 
 
 def test_every_boolean_flag_accepts_the_bare_form():

@@ -22,6 +22,7 @@ from lab import norm_course
 import plot_norms
 import sample
 import train
+from lab import configs
 from lab.engine import generate as engine_generate
 from conftest import ROOT, char_prepare
 
@@ -370,6 +371,7 @@ def test_readme_flags_exist_and_the_concept_table_matches_the_defaults():
     parsers.append(key.get_parser())
     known = {opt for parser in parsers for action in parser._actions for opt in action.option_strings}
     known |= {'--standalone', '--nproc_per_node'}                         # torchrun's (not this repository's)
+    known |= {'--' + name for name in configs.NANOGPT_HABITS}  # nanoGPT's, which docs/usage.md maps to these
     named = set(re.findall(r'(?<![\w-])(--[a-z][a-z0-9_]*)', readme()))
     assert named - known == set(), named - known
     table = re.findall(r'^\| `(--\w+)` \| `([^`]*)` \|', readme(), flags=re.M)

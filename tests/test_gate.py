@@ -1,0 +1,153 @@
+"""Gated supervision (looped.py: Ouro's learned exit gate and its objective) and the gate as an exit
+rule (lab/engine.py, sample.py --exit=gate)."""
+
+import json
+import math
+
+import pytest
+import torch
+
+import sample
+import train
+from lab import engine
+from test_designs import tiny, tokens
+
+
+def set_gate(model, weight=0.0, bias=0.0):
+    with torch.no_grad():
+        model.exit_gate.weight.fill_(weight)
+        model.exit_gate.bias.fill_(bias)
+
+
+def test_the_exit_distribution_sums_to_1_and_the_last_loop_takes_what_is_left():
+    model = tiny(supervision='gated').eval()
+    set_gate(model, bias=math.log(0.3 / 0.7))  # lambda = 0.3 at every loop, for every token
+    x, y = tokens()
+    with torch.no_grad():
+        p = model(x, y)[2]['exit_prob']
+    assert torch.allclose(p, torch.tensor([0.3, 0.7 * 0.3, 0.7 ** 2]), atol=1e-6)  # K = 3: the last, 0.49
+    logits = torch.randn(5, 2, 8) * 4  # any gate, per token
+    dist = model.exit_distribution(logits)
+    assert torch.allclose(dist.sum(0), torch.ones(2, 8), atol=1e-6) and bool((dist >= 0).all())
+    lam = torch.sigmoid(logits)
+    assert torch.allclose(dist[-1], (1 - lam[:-1]).prod(0), atol=1e-6)  # the mass no earlier loop took
+
+
+def test_with_beta_0_and_the_gate_exiting_at_K_the_loss_is_terminal_supervisions():
+    gated, terminal = tiny(supervision='gated', gate_beta=0.0), tiny(supervision='terminal')
+    terminal.load_state_dict({k: v for k, v in gated.state_dict().items() if not k.startswith('exit_gate')})
+    set_gate(gated, bias=-1e4)  # lambda = 0 at every loop: all the mass reaches loop K
+    x, y = tokens()
+    torch.manual_seed(0)
+    a = gated(x, y)[1]
+    torch.manual_seed(0)
+    b = terminal(x, y)[1]
+    assert torch.allclose(a, b, atol=1e-6), (a, b)
+
+
+def test_with_the_gate_uniform_the_cross_entropy_part_is_per_loop_supervisions():
+    gated, per_loop = tiny(supervision='gated', gate_beta=0.0), tiny()
+    per_loop.load_state_dict({k: v for k, v in gated.state_dict().items() if not k.startswith('exit_gate')})
+    x, y = tokens()
+    K = 3
+    with torch.no_grad():
+        e = gated.embed(x)
+        ces = [gated.exit_loss(h, k, y, 'none')[1] for k, h in gated.loops(e, K)]
+        # lambda_k = 1 / (K - k + 1): p_k = 1/K at every loop
+        uniform = [torch.full(x.shape, math.log(1 / (K - k + 1) / (1 - 1 / (K - k + 1)))) for k in range(1, K)]
+        loss, p = gated.gated_loss(ces, uniform + [torch.zeros(x.shape)])
+        assert torch.allclose(p, torch.full_like(p, 1 / K), atol=1e-6)
+        assert torch.allclose(loss, per_loop(x, y)[1], atol=1e-6)
+
+
+def test_the_entropy_bonus_is_beta_times_the_exit_distributions_entropy():
+    model = tiny(supervision='gated', gate_beta=0.25)
+    ces = [torch.rand(16) for _ in range(3)]
+    gates = [torch.randn(2, 8) for _ in range(3)]
+    loss, p = model.gated_loss(ces, gates)
+    entropy = -(p * p.log()).sum(0)
+    assert torch.allclose(loss, ((p * torch.stack(ces)).sum(0) - 0.25 * entropy).mean(), atol=1e-6)
+
+
+def test_the_gates_gradient_reaches_its_weights():
+    model = tiny(supervision='gated')
+    x, y = tokens()
+    model(x, y)[1].backward()
+    assert model.exit_gate.weight.grad.abs().sum() > 0 and model.exit_gate.bias.grad.abs() > 0
+
+
+def test_a_raw_gate_sees_the_scale_and_a_gate_on_the_readout_does_not():
+    raw, normed = tiny(supervision='gated'), tiny(supervision='gated', gate_input='readout')
+    h = torch.randn(2, 8, 16)
+    with torch.no_grad():
+        for model in (raw, normed):
+            model.exit_gate.bias.fill_(0.5)
+        b = 0.5
+        assert torch.allclose(raw.gate_logit(10 * h, 2) - b, 10 * (raw.gate_logit(h, 2) - b), rtol=1e-4)
+        assert torch.allclose(normed.gate_logit(10 * h, 2), normed.gate_logit(h, 2), atol=1e-5)
+
+
+def test_gated_training_shows_the_exit_distribution_in_the_eval_line(small_data, tmp_path, capsys):
+    out = tmp_path / 'run'
+    train.main(['--dataset', small_data, '--out_dir', str(out), '--n_layer=1', '--n_embd=16', '--n_head=2',
+                '--n_loop=2', '--block_size=16', '--batch_size=2', '--max_iters=2', '--eval_interval=1',
+                '--eval_iters=1', '--supervision=gated'])
+    evals = [line for line in capsys.readouterr().out.splitlines() if line.startswith('eval ')]
+    assert len(evals) == 3 and all(' | exit p ' in line and ' | |gate logit| ' in line for line in evals)
+    with open(out / 'log.jsonl') as f:
+        last = [json.loads(line) for line in f][-1]
+    assert len(last['exit_prob']) == 2 and abs(sum(last['exit_prob']) - 1) < 1e-5
+    assert len(last['gate_logit']) == 2
+
+
+# ---- the gate as an exit rule
+
+def test_a_gate_that_never_fires_generates_the_plain_generates_tokens():
+    model = tiny(supervision='gated').eval()
+    prompt = tokens(B=2, T=3)[0]
+    torch.manual_seed(4)
+    want = model.generate(prompt, 20, n_loop=3)
+    for cache in (True, False):
+        torch.manual_seed(4)
+        got, depth = engine.generate(model, prompt, 20, n_loop=3, exit_rule='gate', exit_threshold=2.0,
+                                     cache=cache)
+        assert torch.equal(got, want) and bool((depth == 3).all()), cache
+
+
+def test_each_sequence_exits_where_its_own_cumulative_exit_probability_reaches_the_threshold():
+    model = tiny(supervision='gated', seed=3).eval()
+    with torch.no_grad():  # lambda from 0.2 to 0.6: some sequences exit at loop 1, some only once two add up
+        model.exit_gate.weight.copy_(torch.randn(1, 16, generator=torch.Generator().manual_seed(0)) * 0.3)
+        model.exit_gate.bias.fill_(-0.6)
+    window = torch.randint(11, (6, 8), generator=torch.Generator().manual_seed(2))
+    _, depth = engine.next_logprobs(model, window, 3, 'gate', 0.5)
+    with torch.no_grad():  # by hand: the first loop whose 1 - prod (1 - lambda_j) reaches 0.5, else K
+        stay, want = torch.ones(6), torch.full((6,), 3)
+        for k, h in model.loops(model.embed(window), 3):
+            stay = stay * (1 - torch.sigmoid(model.gate_logit(h, k)[:, -1]))
+            fresh = (1 - stay >= 0.5) & (want == 3) & (k < 3)
+            want[fresh] = k
+    assert torch.equal(depth, want) and set(depth.tolist()) == {1, 2, 3}, (depth, want)
+
+
+def test_the_gate_rule_on_a_model_without_a_gate_is_one_line(small_data, tmp_path):
+    with pytest.raises(ValueError, match="no exit gate"):
+        engine.next_logprobs(tiny().eval(), torch.zeros(1, 4, dtype=torch.long), 3, 'gate', 0.5)
+    out = tmp_path / 'plain'
+    train.main(['--dataset', small_data, '--out_dir', str(out), '--n_layer=1', '--n_embd=16', '--n_head=2',
+                '--n_loop=2', '--block_size=16', '--batch_size=2', '--max_iters=1', '--eval_interval=1',
+                '--eval_iters=1'])
+    with pytest.raises(SystemExit) as e:
+        sample.main(['--out_dir', str(out), '--exit=gate', '--exit_threshold=0.5', '--max_new_tokens=2'])
+    assert 'needs a model trained with --supervision=gated' in str(e.value.code) and '\n' not in str(e.value.code)
+
+
+def test_sample_generates_with_the_gate_from_a_gated_checkpoint(small_data, tmp_path, capsys):
+    out = tmp_path / 'gated'
+    train.main(['--dataset', small_data, '--out_dir', str(out), '--n_layer=1', '--n_embd=16', '--n_head=2',
+                '--n_loop=2', '--block_size=16', '--batch_size=2', '--max_iters=1', '--eval_interval=1',
+                '--eval_iters=1', '--supervision=gated'])
+    capsys.readouterr()
+    sample.main(['--out_dir', str(out), '--exit=gate', '--exit_threshold=0.5', '--max_new_tokens=5',
+                 '--num_samples=2'])
+    assert 'mean loops per token' in capsys.readouterr().out 
