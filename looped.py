@@ -188,14 +188,14 @@ class Block(nn.Module):
     """One layer. Pre-norm: x + attn(norm(x)), then x + mlp(norm(x)). The residual stream itself is
     never normalized, which is why its scale can grow from loop to loop. Sandwich (Huginn's and
     looped_nanochat's) also normalizes each sum: a layer hands on a state of fixed RMS. DeepNorm
-    (DeepLoop's Post-LN) normalizes the sum alone, norm(alpha * x + f(x)), alpha = sqrt(2N) with
-    N = n_layer * n_loop the looped layers unrolled (DeepNorm's 4th root, squared for looping)."""
+    (DeepLoop's Post-LN) normalizes the sum alone, norm(alpha * x + f(x)): DeepNorm's alpha is
+    (2N)^(1/4), DeepLoop squares it for a loop, sqrt(2N), N = n_layer * n_loop unrolled layers."""
 
     def __init__(self, config):
         super().__init__()
         self.sandwich = sandwich = config.block == 'sandwich'
         self.deepnorm = config.block == 'deepnorm'
-        self.alpha = math.sqrt(2 * config.n_layer * config.n_loop)  # deepnorm's residual weight
+        self.residual_weight = math.sqrt(2 * config.n_layer * config.n_loop)  # deepnorm's alpha
         self.norm_1 = RMSNorm(config.n_embd, config.norm_eps)
         self.attn = CausalSelfAttention(config)
         self.post_attn = RMSNorm(config.n_embd, config.norm_eps) if sandwich else nn.Identity()
@@ -207,8 +207,8 @@ class Block(nn.Module):
         if self.sandwich:
             return self.sandwich_forward(x, kv)
         if self.deepnorm:  # (B, T, C): the sublayers see x itself; the norms come after the sums
-            x = self.norm_1(self.alpha * x + self.attn(x, kv))
-            return self.norm_2(self.alpha * x + self.mlp(x))
+            x = self.norm_1(self.residual_weight * x + self.attn(x, kv))
+            return self.norm_2(self.residual_weight * x + self.mlp(x))
         x = x + self.attn(self.norm_1(x), kv)
         return x + self.mlp(self.norm_2(x))
 
@@ -246,7 +246,8 @@ class AlphaNorm(nn.Module):
 class DiagonalInjection(nn.Module):
     """Parcae's injection: pass k runs on decay * h + Delta * B e, per channel, with Delta =
     softplus(dt_bias) > 0 and decay = exp(-Delta * exp(A_log)) in (0, 1): whatever training does,
-    the carried state shrinks at every pass. At init A_log = 0, decay = sqrt(1/5), B = I."""
+    the carried part is multiplied by less than 1 (the pass may grow it again). At init A_log = 0,
+    decay = sqrt(1/5), B = I."""
 
     def __init__(self, config):
         super().__init__()
@@ -314,7 +315,7 @@ class LoopedGPT(nn.Module):
         self.diagonal = DiagonalInjection(config) if diagonal else None
         self.damping = nn.Parameter(torch.tensor(2.0)) if damped else None  # sigmoid(2) = 0.88
         gated = config.supervision == 'gated'
-        self.exit_gate = nn.Linear(d, 1) if gated else None  # lambda_k = sigmoid(exit_gate(h_k))
+        self.exit_gate = nn.Linear(d, 1) if gated else None  # lambda_k = sigmoid(exit_gate(z_k))
         self._init_weights()
 
     def _init_weights(self):
@@ -343,12 +344,13 @@ class LoopedGPT(nn.Module):
         if self.diagonal is not None:  # Parcae's B = I, whatever the init drew
             with torch.no_grad():
                 self.diagonal.B.weight.copy_(torch.eye(c.n_embd))
-        if c.block == 'deepnorm':  # DeepNorm's beta = (8N)^(-1/2) on the value, output and MLP
+        if c.block == 'deepnorm':  # beta = (8N)^(-1/2), DeepNorm's (8N)^(-1/4) squared as alpha is
             with torch.no_grad():
                 for block in [*self.prelude, *self.blocks, *self.coda]:
                     block.attn.c_attn.weight[2 * c.n_embd:].mul_((8 * depth) ** -0.5)  # v's rows
-                    mlp = [block.mlp.c_fc, block.mlp.c_gate, block.mlp.c_proj]
-                    for m in [block.attn.c_proj] + [m for m in mlp if m is not None]:
+                    # two MLP matrices, as in DeepNorm's FFN (SwiGLU: the linear branch, not silu's)
+                    first = block.mlp.c_gate if block.mlp.swiglu else block.mlp.c_fc
+                    for m in (block.attn.c_proj, first, block.mlp.c_proj):
                         m.weight.mul_((8 * depth) ** -0.5)
 
     def num_params(self):
@@ -385,7 +387,8 @@ class LoopedGPT(nn.Module):
 
     def loops(self, e, n_loop, edit=None, cache=None, h=None):
         """The recurrence, the one place it is written: yields (k, h_k), k = 1..n_loop, from e.
-        h_k is pass k's output before any inter-loop norm: what is read out, penalized and logged.
+        h_k is pass k's output before any inter-loop norm or damping: what is read out, penalized
+        and logged.
         edit(k, h_in, h_k, e) -> (h_k, e), if given, may change each output or drop rows of the
         batch from both (lab/diagnose.py's clamps and its exit benchmark). h: the state pass 1
         starts from, e unless given (pass_jacobian runs one pass from another state)."""
@@ -393,7 +396,7 @@ class LoopedGPT(nn.Module):
         for k in range(1, n_loop + 1):
             if c.bptt and k == n_loop - c.bptt + 1 and k > 1:
                 h = h.detach()              # truncated backprop: the later losses stop here
-            h_in = h                        # the carried state: h_{k-1}, or RMSNorm(h_{k-1})
+            h_in = h                        # the carried state: h_{k-1}, its RMSNorm or damped
             x = h if c.injection == 'none' else self.inject(h, e)      # what pass k runs on
             h = self.loop_step(x, cache, k)                            # (B, T, C)
             if c.residual_scale == 'inverse_k':
@@ -407,7 +410,7 @@ class LoopedGPT(nn.Module):
                 h = torch.sigmoid(self.damping) * h  # 'damped': from sigmoid(a) h_k, a learned
 
     # ---- exit k: h_k -> the coda's layers -> the readout -> the LM head (-> the cross-entropy).
-    # exit_logits and exit_loss are the two ways in; exit_input and head_loss are their halves
+    # exit_logits = lm_head(exit_input) and exit_loss = head_loss(exit_input) are the two ways in
 
     def exit_logits(self, h, k, cache=None):
         """Loop k's logits from h_k: (B, T, C) -> (B, T, V)."""
@@ -457,7 +460,8 @@ class LoopedGPT(nn.Module):
     def gated_loss(self, ces, gate_logits):
         """Gated supervision: sum_k p_k CE_k - beta H(p) per token, averaged over the tokens, from
         every loop's per-token cross-entropy (B * T,) and gate logits (B, T). The entropy keeps the
-        gate from putting all its mass on one loop. Returns (loss, p (n, B * T))."""
+        gate from putting all its mass on one loop. Every target counts (no ignore_index -1 here,
+        which no dataset of this repository produces). Returns (loss, p (n, B * T))."""
         p = self.exit_distribution(torch.stack([g.flatten() for g in gate_logits]))
         entropy = -(p * p.clamp_min(1e-12).log()).sum(0)              # (B * T,)
         loss = (p * torch.stack(ces)).sum(0) - self.config.gate_beta * entropy
@@ -470,9 +474,8 @@ class LoopedGPT(nn.Module):
         return self.config.norm_penalty * mean_squares.mean()
 
     def pass_jacobian(self, h, e):
-        """STARS's one-step estimate of a pass's spectral radius at the state h (B, T, C): ||v^T J||
-        for a random unit v, J the Jacobian of one pass's output in its input. h is detached, so the
-        penalty's gradient reaches the weights alone (create_graph), not the loops before h."""
+        """STARS's one-step estimate of a pass's spectral norm at h (B, T, C): ||v^T J||, v a
+        random unit vector, J one pass's Jacobian; h detached: the gradient reaches the weights."""
         x = h.detach().requires_grad_()
         with sdpa_kernel(SDPBackend.MATH):  # the fused attention kernels have no double backward
             _, out = next(self.loops(e.detach(), 1, h=x))            # one pass from x: (B, T, C)
@@ -484,13 +487,15 @@ class LoopedGPT(nn.Module):
         """idx, targets (B, T) token ids; n_loop defaults to the trained K and may exceed it.
         Returns (logits, loss, stats): logits (B, T, V) of the last loop, or (B, 1, V) for the last
         position without targets; the training loss (None without targets); stats: 'hidden_norm'
-        (n_loop,), the mean ||h_k|| over tokens, and 'ce' (n_loop,), every loop's cross-entropy."""
+        (n_loop,), the mean ||h_k|| over tokens, 'ce' (n_loop,), every loop's cross-entropy (None
+        without targets); 'jacobian' (pass_jacobian); gated, 'exit_prob' and 'gate_logit' (n_loop,),
+        the mean p_k and |gate logit| (the last gate has no effect: p_K is the mass left)."""
         T, K = idx.size(1), n_loop or self.config.n_loop              # K: the depth run here
         if T > self.config.block_size:
             raise ValueError(f"sequence of length {T} is longer than "
                              f"block_size={self.config.block_size}")
         gated = self.exit_gate is not None
-        per_token = 'none' if gated else 'mean'  # gated weighs each token's CE by its own p_k
+        reduction = 'none' if gated else 'mean'  # gated weighs each token's CE by its own p_k
         norms, states, ces, gates, e = [], [], [], [], self.embed(idx)
         for k, h in self.loops(e, K):                                 # h = h_k: (B, T, C)
             norms.append(h.detach().float().norm(dim=-1).mean())     # ||h_k||, before any norm
@@ -498,9 +503,9 @@ class LoopedGPT(nn.Module):
             if targets is None:
                 continue
             if k < K:  # recomputed in backward, not kept: K copies of the logits would not fit
-                ce = checkpoint(self.exit_loss, h, k, targets, per_token, use_reentrant=False)[1]
+                ce = checkpoint(self.exit_loss, h, k, targets, reduction, use_reentrant=False)[1]
             else:
-                logits, ce = self.exit_loss(h, k, targets, per_token)  # (B, T, V), returned
+                logits, ce = self.exit_loss(h, k, targets, reduction)  # (B, T, V), returned
             ces.append(ce)
             if gated:
                 gates.append(self.gate_logit(h, k))                   # (B, T)
@@ -554,7 +559,7 @@ class LoopedGPT(nn.Module):
         decays = lambda p: id(p) not in exempt and (self.config.init != 'gpt2' or p.dim() >= 2)
         groups = [{'params': [p for p in params if decays(p)], 'weight_decay': weight_decay},
                   {'params': [p for p in params if not decays(p)], 'weight_decay': 0.0}]
-        groups = [g for g in groups if g['params']]  # the paper init: one group, as before
+        groups = [g for g in groups if g['params']]  # paper init, no diagonal: one group, as before
         return torch.optim.AdamW(groups, lr=learning_rate, fused=(device_type == 'cuda'))
 
     @torch.no_grad()

@@ -7,7 +7,7 @@ The laptop demo (2-core CPU, about 3 minutes a run); each run writes its own fol
     python train.py --recurrence=normed                 # an RMSNorm between loops
     python train.py --readout=alpha                     # the loss chooses how much scale to see
 One GPU (bf16, or float16 with a GradScaler where bf16 is missing, and torch.compile by default);
-continuing or extending a run (same flags); nanoGPT's warmup and cosine decay; DDP:
+continuing or extending a run (same flags); a warmup and nanoGPT's cosine decay; DDP:
     python train.py --config=gpu_char --readout=rmsnorm
     python train.py --readout=rmsnorm --resume --max_iters=1200
     python train.py --decay_lr --warmup_iters=50 --lr_decay_iters=500 --min_lr=3e-4
@@ -82,7 +82,7 @@ def add_model_flags(p):
 def get_parser():
     p = argparse.ArgumentParser(description='Train a looped transformer LM.', formatter_class=Help)
     one_line_errors(p, 'train.py')  # argparse's usage block is longer than the screen here
-    add, boolean = p.add_argument, BOOLEAN
+    add = p.add_argument
     add('--config', default='laptop', choices=CONFIGS,
         help='named configuration; flags override it')
     add_model_flags(p)
@@ -102,7 +102,7 @@ def get_parser():
     add('--warmup_iters', type=int, default=0, help='raise the learning rate linearly from '
         'learning_rate / warmup_iters to learning_rate over the first warmup_iters steps; 0: '
         'constant from the first step (the paper)')
-    add('--decay_lr', **boolean, default=False, help="after the warmup, nanoGPT's cosine decay "
+    add('--decay_lr', **BOOLEAN, default=False, help="after the warmup, nanoGPT's cosine decay "
         'from learning_rate to min_lr at lr_decay_iters, and min_lr after it')
     add('--lr_decay_iters', type=int, help='where the cosine reaches min_lr; unset: max_iters')
     add('--min_lr', type=float, help='the rate the cosine ends at; unset: learning_rate / 10')
@@ -117,9 +117,9 @@ def get_parser():
         "under data/), or a path to a folder with train.bin, val.bin and meta.json")
     add('--out_dir', default=None, help='default: out/<config> plus each variant flag not at its '
         'default: out/laptop-readout_raw, out/laptop-readout_raw-pen0.01, ...')
-    add('--resume', **boolean, default=False, help='continue the run in out_dir (found by the '
+    add('--resume', **BOOLEAN, default=False, help='continue the run in out_dir (found by the '
         "same flags as the run's, or named by --out_dir)")
-    add('--overwrite', **boolean, default=False, help='start afresh even if out_dir already '
+    add('--overwrite', **BOOLEAN, default=False, help='start afresh even if out_dir already '
         'holds a run (its ckpt.pt and log.jsonl are replaced)')
     # system
     add('--device', default='auto', help='auto, cpu, cuda, cuda:N or mps')
@@ -295,12 +295,15 @@ def setup(args, given):
 
 
 def schedule_defaults(args):
-    """nanoGPT's defaults for an unset schedule: decay over the whole run to a tenth of the rate."""
+    """nanoGPT's defaults for an unset schedule: decay over the whole run to a tenth of the rate
+    (only under --decay_lr: a run extended with --resume --decay_lr then decays over all of it)."""
+    if not args.decay_lr:
+        return
     if args.lr_decay_iters is None:
         args.lr_decay_iters = args.max_iters
     if args.min_lr is None:
         args.min_lr = args.learning_rate / 10
-    if args.decay_lr and args.lr_decay_iters <= args.warmup_iters:
+    if args.lr_decay_iters <= args.warmup_iters:
         raise ValueError(f"--lr_decay_iters={args.lr_decay_iters} must be greater than "
                          f"--warmup_iters={args.warmup_iters}: the decay starts after the warmup")
 
@@ -312,7 +315,7 @@ def learning_rate(args, step):
     continues the schedule where it stopped."""
     lr, warmup = args.learning_rate, args.warmup_iters
     if step < warmup:
-        return lr * (step + 1) / warmup  # this repository's ramp, which the committed runs used
+        return lr * ((step + 1) / warmup)  # this repository's ramp, bit for bit as committed runs
     if not args.decay_lr:
         return lr
     if step > args.lr_decay_iters:
@@ -337,8 +340,13 @@ def build(job):
     if rt.compile:
         compile_regions(model)  # the blocks and the loss, not the loop: any loop count reuses them
     if job.world > 1:  # gradients are averaged across processes in backward
-        cuda = rt.device_type == 'cuda'
-        model = DDP(model, device_ids=[torch.device(rt.device)] if cuda else None)
+        cuda, c = rt.device_type == 'cuda', job.config
+        # a step of one pass (a drawn depth of 1, bptt) leaves the damping, the inter-loop norm, the
+        # last gate or final_norm's norm without a gradient, which DDP must be told to expect
+        unused = (c.depth_sampling != 'fixed' or c.bptt > 0 or c.recurrence != 'residual'
+                  or c.supervision == 'gated' or c.readout == 'final_norm')
+        model = DDP(model, device_ids=[torch.device(rt.device)] if cuda else None,
+                    find_unused_parameters=unused)
     job.model = model
 
 
@@ -416,8 +424,8 @@ def design_values(model, batch, ctx):
     if model.damping is not None:  # the factor the carried state is damped by between passes
         values['damping'] = torch.sigmoid(model.damping).item()
     if model.config.jacobian_penalty > 0 or model.exit_gate is not None:
-        model.eval()  # one validation batch at K loops; STARS's estimate needs a graph
-        with torch.enable_grad(), ctx:
+        model.eval()  # one validation batch at K loops (STARS's estimate needs a graph)
+        with torch.set_grad_enabled(model.config.jacobian_penalty > 0), ctx:
             stats = model(*batch)[2]
         model.train()
         if 'jacobian' in stats:  # ||v^T J|| at h_K
@@ -453,10 +461,10 @@ class Report:
 
     def progress_line(self, stats, r, steps):
         """'step 20/500 | loss 2.5012 | ce_K 2.4843 | ||h_K|| 412.3 | 95 ms/step | ... | ETA 0m46s':
-        loss is the objective trained (all exits' cross-entropies and any penalty), ce_K the last
-        exit's, each the mean over the `steps` steps since the last line (float16 steps that the
-        scaler skipped count in the clock, not in the means). tok/s counts every process and
-        micro-step."""
+        loss is the objective trained (as the supervision weighs the exits, plus any penalty), ce_K
+        the last exit's, each the mean over the `steps` steps since the last line, its micro-steps
+        and processes (float16 steps that the scaler skipped count in the clock, not in the means).
+        tok/s counts every process and micro-step; the clock leaves out evaluations and saves."""
         job, max_iters = self.job, self.job.args.max_iters
         step, tok = job.step, job.global_batch * job.config.block_size  # tokens per optimizer step
         now = time.time()
@@ -477,10 +485,11 @@ class Report:
 
 def optimizer_step(job, n_loop):
     """micro_steps forward/backward passes, clip, AdamW, through the GradScaler (a pass-through but
-    under float16). Returns the loss unread on the device, the last pass's stats, and whether the
-    scaler skipped the step (float16 gradients that overflowed: the weights were not changed)."""
+    under float16, where reading its scale syncs with the GPU). Returns the loss and the last exit's
+    cross-entropy unread on the device, the last pass's stats, and whether the scaler skipped the
+    step (float16 gradients that overflowed: the weights were not changed)."""
     model, optimizer, args, micro_steps = job.model, job.optimizer, job.args, job.micro_steps
-    ctx, lossf, scaler = job.rt.autocast, 0.0, job.scaler
+    ctx, lossf, cef, scaler = job.rt.autocast, 0.0, 0.0, job.scaler
     for micro in range(micro_steps):
         x, y = job.data.train_batch()
         if job.world > 1:  # all-reduce the gradients only after the last micro-step, not after each
@@ -489,6 +498,7 @@ def optimizer_step(job, n_loop):
             _, loss, stats = model(x, y, n_loop=n_loop)
         scaler.scale(loss / micro_steps).backward()
         lossf = lossf + loss.detach() / micro_steps
+        cef = cef + stats['ce'][-1] / micro_steps  # the last exit's, averaged as the loss is
     if args.grad_clip > 0:
         scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
@@ -496,7 +506,7 @@ def optimizer_step(job, n_loop):
     scaler.step(optimizer)
     scaler.update()  # halves the scale after an overflow, and then the step was skipped
     optimizer.zero_grad(set_to_none=True)
-    return lossf, stats, scale is not None and scaler.get_scale() < scale
+    return lossf, cef, stats, scale is not None and scaler.get_scale() < scale
 
 
 def check_finite(losses, step, run):
@@ -519,6 +529,7 @@ def train(job, interrupts):
         # ---- evaluate, save, then log (a diverged run stops first: its weights are never saved)
         at_end = job.step == args.max_iters
         if (job.step % args.eval_interval == 0 or at_end) and job.step != job.last_eval_step:
+            t_eval = time.time()
             check_finite(losses, job.step, run)
             record = eval_record(job, val_batches, train_batches, report.t_start)
             job.best_val_loss = min(job.best_val_loss, record['val_loss'][K - 1])
@@ -528,25 +539,27 @@ def train(job, interrupts):
             if job.rank == 0:
                 run.log(record)
             say(report.eval_line(record))
+            report.t_last += time.time() - t_eval  # ms/step and tok/s time the training steps alone
         if job.step >= args.max_iters:
             break
         for group in job.optimizer.param_groups:
             group['lr'] = learning_rate(args, job.step)
         r = sampled_depth(job.config, args.seed, job.step)  # K, unless the depth is sampled
-        lossf, stats, skipped = optimizer_step(job, r)
+        lossf, cef, stats, skipped = optimizer_step(job, r)
         job.step += 1
         # ---- agree across processes, stop on divergence, print progress, honour Ctrl-C
         stop = interrupts.requested  # read once: a later signal is seen at the next step
         if world > 1:  # all processes must see the same loss and stop at the same step, or hang
-            shared = torch.stack([lossf.float(), torch.tensor(float(stop), device=job.rt.device)])
+            flag = torch.tensor(float(stop), device=job.rt.device)
+            shared = torch.stack([lossf.float(), cef.float(), flag])
             dist.all_reduce(shared)  # a sync every step, which a single process goes without
-            lossf, stop = shared[0] / world, shared[1].item() > 0
+            lossf, cef, stop = shared[0] / world, shared[1] / world, shared[2].item() > 0
         losses.append(lossf)  # checked finite below: a non-finite loss is a divergence, always
         if skipped:  # float16 gradients overflowed and the scaler caught it: not a divergence
             job.fp16_skips += 1
         else:
             report.losses.append(lossf)
-            report.ces.append(stats['ce'][-1])
+            report.ces.append(cef)
         log_step = job.step % args.log_interval == 0 or job.step == args.max_iters
         if log_step or stop or world > 1:  # the losses are read at log steps (and before a save)
             check_finite(losses, job.step, run)

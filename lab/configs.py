@@ -92,6 +92,8 @@ NANOGPT_HABITS = {
     'always_save_checkpoint': 'every evaluation saves out_dir/ckpt.pt (and only after the loss is '
                               'checked finite)',
     'bias': 'the layers have no biases (as the paper)',
+    'beta1': "AdamW's betas are PyTorch's defaults (0.9, 0.999), as the authors', not flags",
+    'beta2': "AdamW's betas are PyTorch's defaults (0.9, 0.999), as the authors', not flags",
     'backend': 'torchrun joins NCCL on CUDA and gloo on a CPU by itself',
 }
 

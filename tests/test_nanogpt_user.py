@@ -83,6 +83,17 @@ def test_a_resumed_run_continues_the_schedule_exactly(small_data, tmp_path, monk
     assert rates == pytest.approx(whole)
 
 
+def test_a_run_extended_with_decay_lr_decays_over_all_of_it(small_data, tmp_path, monkeypatch):
+    rates = record_rates(monkeypatch)
+    out = tmp_path / 'run'
+    train.main(flags(small_data, out, '--max_iters=4', '--eval_interval=4', '--log_interval=4',
+                     '--learning_rate=0.01'))  # constant, as the paper
+    rates.clear()
+    train.main(flags(small_data, out, '--max_iters=10', '--eval_interval=10', '--log_interval=10', '--resume',
+                     '--decay_lr'))
+    assert rates == pytest.approx([nanogpt_cosine(i, 0.01, 1e-3, 0, 10) for i in range(4, 10)])
+
+
 @pytest.mark.parametrize('bad, message', [
     (['--decay_lr', '--warmup_iters=10', '--lr_decay_iters=5'], 'must be greater than --warmup_iters=10'),
     (['--learning_rate=0.01', '--min_lr=0.1'], 'between 0 and --learning_rate'),
