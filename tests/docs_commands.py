@@ -53,6 +53,12 @@ FAILS = [
 ]
 
 
+def grid_slugs(name):
+    """The condition slugs (--conditions values) of a named grid, in order."""
+    from lab.grid import GRIDS, slug
+    return [slug(n) for n in GRIDS[name]]
+
+
 def shrink(cmd):
     """(the command with shrinking flags appended, a note of what was added or ''). The flags go at the end of the
     script's own command (before any ';' or '&&'), where argparse lets them win over the documented ones."""
@@ -67,7 +73,10 @@ def shrink(cmd):
         return re.sub(script + r'[^;&|]*', add, text)
     if 'plot_norms.py' in cmd and '--run' in cmd:  # a shrunk grid: 2 seeds at most, 2 conditions, 4 steps
         seeds = min(int((re.search(r'--seeds=(\d+)', cmd) or [0, 1])[1]), 2)
-        conditions = (re.search(r'--conditions=([\w-]+),([\w-]+)', cmd) or [None, 'per_loop-rmsnorm', 'per_loop-raw'])
+        grid = re.search(r'--grid=(\w+)', cmd)  # another grid than the paper's: its first two conditions
+        first = [None, 'per_loop-rmsnorm', 'per_loop-raw'] if not grid else \
+            [None] + [grid_slugs(grid[1])[i] for i in (0, 1)]
+        conditions = re.search(r'--conditions=([\w-]+),([\w-]+)', cmd) or first
         flags = (f"--seeds={seeds} --conditions={conditions[1]},{conditions[2]} --train_args='{TINY_TRAIN}'"
                  + ('' if '--exit_windows=0' in cmd else ' --exit_windows=4'))
         cmd = append(r'plot_norms\.py', flags, cmd)
