@@ -7,23 +7,37 @@ import re
 import subprocess
 import sys
 
+import torch
+
 from conftest import ROOT
+from lab import bench
+from lab.runtime import resolve_device
+from looped import LoopedConfig, LoopedGPT
 
 SMALL = ['--vocab_size=50257', '--n_embd=64', '--n_layer=1', '--n_head=2', '--batch_size=4', '--block_size=64',
          '--steps=1', '--warmup=1']
 
 
 def saved_mib(supervision, n_loop=4):
-    """What one training forward keeps for its backward (lab.bench's 'saved for backward'): the measure of
-    "K copies of the logits", exact and the same in every run. The process's peak resident memory, which this
-    test read before, also holds what the allocator kept from other work and varied from run to run (per_loop
-    236-260 MiB against terminal 207-220 on an idle machine), so it failed at random."""
-    r = subprocess.run([sys.executable, '-m', 'lab.bench', *SMALL, f'--supervision={supervision}',
-                        f'--n_loop={n_loop}'], cwd=ROOT, capture_output=True, text=True)
+    """What one training forward keeps for its backward (lab.bench's 'saved for backward', measured here in this
+    process): the measure of "K copies of the logits", exact and the same in every run. The process's peak
+    resident memory, which this test read before, also holds what the allocator kept from other work and varied
+    from run to run (per_loop 236-260 MiB against terminal 207-220 on an idle machine), so it failed at random."""
+    torch.manual_seed(0)
+    model = LoopedGPT(LoopedConfig(vocab_size=50257, n_embd=64, n_layer=1, n_head=2, block_size=64,
+                                   n_loop=n_loop, supervision=supervision))
+    x, y = torch.randint(50257, (2, 4, 64))
+    return bench.saved_for_backward_mib(model, resolve_device('cpu', 'float32', False), x, y)
+
+
+def test_the_bench_line_prints_what_is_saved_for_backward():
+    r = subprocess.run([sys.executable, '-m', 'lab.bench', *SMALL, '--supervision=per_loop'], cwd=ROOT,
+                       capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     line = r.stdout.strip().splitlines()[-1]
     assert 'tok/s' in line and 'MFU n/a' in line and 'peak memory' in line
-    return float(re.search(r'saved for backward ([\d,.]+) MiB', line).group(1).replace(',', ''))
+    printed = float(re.search(r'saved for backward ([\d,.]+) MiB', line).group(1).replace(',', ''))
+    assert abs(printed - saved_mib('per_loop')) < 0.1
 
 
 def test_per_loop_keeps_within_25_percent_of_terminals_memory_for_backward():
