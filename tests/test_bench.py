@@ -30,11 +30,9 @@ def saved_mib(supervision, n_loop=4):
     return bench.saved_for_backward_mib(model, resolve_device('cpu', 'float32', False), x, y)
 
 
-def test_the_bench_line_prints_what_is_saved_for_backward():
-    r = subprocess.run([sys.executable, '-m', 'lab.bench', *SMALL, '--supervision=per_loop'], cwd=ROOT,
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    line = r.stdout.strip().splitlines()[-1]
+def test_the_bench_line_prints_what_is_saved_for_backward(capsys):
+    bench.main([*SMALL, '--supervision=per_loop'])
+    line = capsys.readouterr().out.strip().splitlines()[-1]
     assert 'tok/s' in line and 'MFU n/a' in line and 'peak memory' in line
     printed = float(re.search(r'saved for backward ([\d,.]+) MiB', line).group(1).replace(',', ''))
     assert abs(printed - saved_mib('per_loop')) < 0.1

@@ -62,15 +62,15 @@ def test_the_engines_cached_generation_samples_the_plain_generates_tokens(design
 
 @pytest.mark.parametrize('design', DESIGNS, ids=lambda d: '-'.join(f'{k}={v}' for k, v in d.items()) or 'default')
 def test_cached_generation_gives_the_recomputed_tokens_and_logits(design, monkeypatch):
-    """Greedy, fp32, no exit rule: 96 new tokens with the cache are recomputing's, step by step to 1e-4 in every
+    """Greedy, fp32, no exit rule: 64 new tokens with the cache are recomputing's, step by step to 1e-4 in every
     log-probability, across the window's restarts (block_size 32: the window restarts every 16 tokens)."""
     model = tiny(**design)
-    kw = dict(idx=prompts(), max_new_tokens=96, top_k=1)
+    kw = dict(idx=prompts(), max_new_tokens=64, top_k=1)
     cached, depth, logp_cached = recorded(model, monkeypatch, cache=True, **kw)
     recomputed, _, logp_recomputed = recorded(model, monkeypatch, cache=False, **kw)
     assert torch.equal(cached, recomputed)
     assert (logp_cached - logp_recomputed).abs().max().item() < 1e-4
-    assert depth.tolist() == [[BASE['n_loop']] * 96] * 2
+    assert depth.tolist() == [[BASE['n_loop']] * 64] * 2
 
 
 def test_a_chunk_after_cached_positions_sees_exactly_its_past():
