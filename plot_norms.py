@@ -259,14 +259,23 @@ def plot_crossover(groups, style, paired, reference, title, fig_dir):
     return save_figure(fig, os.path.join(fig_dir, 'fig6_crossover.png'))
 
 
+def loop_means(records, key, n, f):
+    """'0.100 0.200 ...': records' per-loop entry key, loops 1..n, mean over the seeds."""
+    return ' '.join(f"{v:{f}}" for v in np.mean([r[key] for r in records], axis=0)[:n])
+
+
 def table(groups, fig_dir, paired, reference=REFERENCE, behind=()):
     """Per condition: perplexity and ||h_K|| at depth K (mean +- std over seeds), perplexity at
-    depths 1..K and 2K, the alpha readout's final alpha; then the paired differences. Returns
-    table.md's text."""
+    depths 1..K and 2K, the alpha readout's final alpha, a gated run's mean exit probability and
+    |gate logit| per loop (means over seeds); then the paired differences. Returns table.md's
+    text."""
     # runs of different K share one table: a column per depth any of them reports, blank where none
     depths = sorted({d for runs in groups.values() for d in exit_depths(runs[0]['K'])})
+    # gated runs: the gate's exit probability per loop, its |logit| (the last gate's has no effect)
+    gated = any('exit_prob' in r['records'][-1] for runs in groups.values() for r in runs)
     header = (['condition', 'seeds', 'step', 'K', 'val ppl (depth K)', '‖h_K‖']
-              + [f"ppl@{d}" for d in depths] + ['alpha'])
+              + [f"ppl@{d}" for d in depths] + ['alpha']
+              + (['exit p_k, k = 1..K', 'gate logit (abs), k = 1..K-1'] if gated else []))
     pm = lambda v, f: f"{v.mean():{f}}" + (f" +- {v.std():{f}}" if len(v) > 1 else '')
     rows = []
     for name, runs in groups.items():
@@ -275,8 +284,10 @@ def table(groups, fig_dir, paired, reference=REFERENCE, behind=()):
         h = np.array([r['hidden_norm'][K - 1] for r in last])
         alpha = pm(np.array([r['alpha'] for r in last]), '.3f') if 'alpha' in last[0] else ''
         step = min(r['step'] for r in last)
+        gate = [] if not gated else ['', ''] if 'exit_prob' not in last[0] else [
+            loop_means(last, 'exit_prob', K, '.3f'), loop_means(last, 'gate_logit', K - 1, '.1f')]
         rows.append([name, str(len(runs)), str(step), str(K), pm(ppl[K], '.3f'), pm(h, '.1f')]
-                    + [pm(ppl[d], '.2f') if d in ppl else '' for d in depths] + [alpha])
+                    + [pm(ppl[d], '.2f') if d in ppl else '' for d in depths] + [alpha] + gate)
     write_csv(os.path.join(fig_dir, 'table.csv'), [header] + rows)
     md = markdown(header, rows)
     unfinished = [progress(run) for runs in groups.values() for run in runs

@@ -154,21 +154,28 @@ QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)  # operating points besides the calibr
 
 
 @torch.no_grad()
-def sequence_depth_stats(model, x, y, K, batch_size=32):
+def sequence_depth_stats(model, x, y, K, batch_size=32, gate=False):
     """Per window (sequence) and loop k = 1..K: its mean cross-entropy and the mean over its tokens of every
-    score. Returns ce (N, K) and {score: (N, K)}."""
-    ce, scores = [], {name: [] for name in SCORES}
+    score. With gate (a model trained with supervision='gated'), also 'gate': the learned gate's cumulative exit
+    probability 1 - prod_{j<=k} (1 - lambda_j), the signal of Ouro's exit rule (the engine's 'gate').
+    Returns ce (N, K) and {score: (N, K)}."""
+    names = list(SCORES) + (['gate'] if gate else [])
+    ce, scores = [], {name: [] for name in names}
     for i in range(0, len(x), batch_size):
         xb, yb = x[i:i + batch_size], y[i:i + batch_size]
-        rows, h_prev = ([], {name: [] for name in SCORES}), model.embed(xb)
+        rows, h_prev = ([], {name: [] for name in names}), model.embed(xb)
+        stay = torch.ones(yb.shape, device=yb.device)                     # (B, T): no exit so far
         for k, h in model.loops(h_prev, K):
             logp = readout_logp(model, h, k)                              # (B, T, V)
             rows[0].append(-logp.gather(-1, yb.unsqueeze(-1)).squeeze(-1).mean(-1))  # (B,)
             for name, f in SCORES.items():
                 rows[1][name].append(f(logp, h, h_prev).mean(-1))         # (B,)
+            if gate:
+                stay = stay * (1 - torch.sigmoid(model.gate_logit(h, k)))
+                rows[1]['gate'].append((1 - stay).mean(-1))              # (B,)
             h_prev = h
         ce.append(torch.stack(rows[0], dim=1))
-        for name in SCORES:
+        for name in names:
             scores[name].append(torch.stack(rows[1][name], dim=1))
     return torch.cat(ce).numpy(), {name: torch.cat(v).numpy() for name, v in scores.items()}
 

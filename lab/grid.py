@@ -138,8 +138,9 @@ ATLAS, ATLAS_DESIGN = atlas_grid()
 CLAIM4 = ['per_loop + rmsnorm', 'per_loop + raw', 'per_loop + rmsnorm + penalty', 'per_loop + final_norm',
           'per_loop + rmsnorm + normed', 'per_loop + alpha']
 # Gated supervision (issue 57): Ouro's learned exit gate on the raw state or on the head's input, under both
-# readouts; per-loop supervision's rows of the same protocol are the atlas's residual rows
-GATE = {'gated + rmsnorm': ['--supervision=gated', '--readout=rmsnorm'],
+# readouts, beside per-loop supervision's two (their checkpoints: the exit rules at matched depth need them)
+GATE = {'per_loop + rmsnorm': CONDITIONS['per_loop + rmsnorm'], 'per_loop + raw': CONDITIONS['per_loop + raw'],
+        'gated + rmsnorm': ['--supervision=gated', '--readout=rmsnorm'],
         'gated + raw': ['--supervision=gated', '--readout=raw'],
         'gated + rmsnorm + gate_readout': ['--supervision=gated', '--readout=rmsnorm', '--gate_input=readout'],
         'gated + raw + gate_readout': ['--supervision=gated', '--readout=raw', '--gate_input=readout']}

@@ -4,12 +4,14 @@ condition, and each condition compared with the reference condition seed by seed
 
     python -m lab.matched_depth 'out/grid/laptop_long/*' 'out/grid/laptop_deep/*'    # into out/figures/matched_depth
     python -m lab.matched_depth 'out/grid/laptop/*' --against=max_prob    # each exit score against another, per run
+    python -m lab.matched_depth 'out/gate/laptop/*-rmsnorm-seed*'    # gated runs: the gate against per-loop's rules
 
 Why: a calibrated exit threshold lands each condition at whatever mean depth it happens to give (rmsnorm exits
 after about one loop where raw keeps going to 3.7), so comparing calibrated points compares different depths.
 Here every condition is read at the same mean depths, and the gap gets an interval over seeds.
 
-How, per run (from its ckpt.pt) and per exit score (diagnose.SCORES: max_prob, margin, entropy, latent):
+How, per run (from its ckpt.pt) and per exit score (diagnose.SCORES: max_prob, margin, entropy, latent; and
+'gate', the learned gate's cumulative exit probability, in runs trained with --supervision=gated):
 1. The validation windows are cut in two as in diagnose.exit_benchmark; everything below uses the second half
    (the reporting half). Each window gets its mean cross-entropy and mean score at every loop 1..K
    (diagnose.sequence_depth_stats).
@@ -85,13 +87,15 @@ def run_curves(folder, max_windows, device):
     x, y = diagnose.windows(diagnose.val_tokens(ckpt, name=os.path.join(folder, 'ckpt.pt')), model.config.block_size,
                             max_windows)
     _, (xb, yb) = diagnose.split_halves(x, y)
-    ce, scores = diagnose.sequence_depth_stats(model, xb.to(device), yb.to(device), K)
+    ce, scores = diagnose.sequence_depth_stats(model, xb.to(device), yb.to(device), K,
+                                               gate=model.exit_gate is not None)
     return {name: read_at(*exit_curve(ce, s, K), depth_grid(K)) for name, s in scores.items()}
 
 
 def matched_rows(paired, curves, reference):
     """One row per configuration, condition and score: {'config', 'condition', 'score', 'pairs', 'seeds', 'depths',
-    'stats': [paired_stats of each depth, or None where a pair's curve does not reach it]}."""
+    'stats': [paired_stats of each depth, or None where a pair's curve does not reach it]}. A score the reference's
+    runs lack (a gated run's 'gate') is paired with each of the reference's scores in turn: 'gate vs max_prob'."""
     rows, labels = [], set()
     for name, entry in paired.items():
         if not entry['pairs']:
@@ -102,12 +106,14 @@ def matched_rows(paired, curves, reference):
         # folder name stays only where one configuration holds two groups of that condition
         label = name if (config, first['name']) in labels else first['name']
         labels.add((config, label))
-        for score in diagnose.SCORES:
-            diffs = np.array([curves[run['folder']][score][:len(grid)] - curves[ref['folder']][score][:len(grid)]
+        mine, theirs = curves[first['folder']], curves[entry['pairs'][0][2]['folder']]
+        for score, ref_score in [(s, r) for s in mine for r in ([s] if s in theirs else theirs)]:
+            diffs = np.array([curves[run['folder']][score][:len(grid)] - curves[ref['folder']][ref_score][:len(grid)]
                               for _, run, ref in entry['pairs']])  # (pairs, depths)
             stats = [paired_stats(diffs[:, j]) if np.isfinite(diffs[:, j]).all() else None for j in range(len(grid))]
             rows.append({'config': config, 'condition': label,
-                         'score': score, 'pairs': len(entry['pairs']), 'seeds': [s for s, _, _ in entry['pairs']],
+                         'score': score if score == ref_score else f"{score} vs {ref_score}",
+                         'pairs': len(entry['pairs']), 'seeds': [s for s, _, _ in entry['pairs']],
                          'depths': grid, 'stats': stats, 'reference': reference})
     return rows
 
@@ -122,7 +128,7 @@ def score_rows(groups, curves, against):
             continue
         grid = depth_grid(runs[0]['K'])
         config = runs[0]['config'].get('config', '')
-        for score in (s for s in diagnose.SCORES if s != against):
+        for score in (s for s in curves[runs[0]['folder']] if s != against):
             diffs = np.array([curves[run['folder']][score][:len(grid)] - curves[run['folder']][against][:len(grid)]
                               for run in runs])  # (seeds, depths)
             stats = [paired_stats(diffs[:, j]) if np.isfinite(diffs[:, j]).all() else None for j in range(len(grid))]
@@ -197,8 +203,9 @@ def get_parser():
                    help='where the table and figure go (default: out/figures/matched_depth)')
     p.add_argument('--max_windows', type=int, default=200, help='validation windows per run, half of them reported')
     p.add_argument('--reference', default=REFERENCE, help='the condition the others are paired with')
-    p.add_argument('--against', default=None, choices=list(diagnose.SCORES),
-                   help='pair each exit score with this one within every run, instead of conditions with --reference')
+    p.add_argument('--against', default=None, choices=[*diagnose.SCORES, 'gate'],
+                   help="pair each exit score with this one within every run, instead of conditions with --reference "
+                        "(gate: the learned exit gate of runs trained with --supervision=gated)")
     p.add_argument('--device', default='auto', help='auto, cpu, cuda or mps')
     return p
 
@@ -228,6 +235,8 @@ def main(argv=None):
             curves[folder] = run_curves(folder, args.max_windows, device)
         except (ValueError, OSError) as e:
             p.error(str(e))
+        if args.against is not None and args.against not in curves[folder]:
+            p.error(f"--against={args.against}: {folder} has no exit gate (not trained with --supervision=gated)")
         print(f"[{i}/{len(used)}] {folder}", flush=True)
     for entry in paired.values():
         for reason in entry['left_out']:

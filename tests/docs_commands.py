@@ -73,9 +73,9 @@ def shrink(cmd):
         return re.sub(script + r'[^;&|]*', add, text)
     if 'plot_norms.py' in cmd and '--run' in cmd:  # a shrunk grid: 2 seeds at most, 2 conditions, 4 steps
         seeds = min(int((re.search(r'--seeds=(\d+)', cmd) or [0, 1])[1]), 2)
-        grid = re.search(r'--grid=(\w+)', cmd)  # another grid than the paper's: its first two conditions
+        grid = re.search(r'--grid=(\w+)', cmd)  # another grid than the paper's: its first and last conditions
         first = [None, 'per_loop-rmsnorm', 'per_loop-raw'] if not grid else \
-            [None] + [grid_slugs(grid[1])[i] for i in (0, 1)]
+            [None] + [grid_slugs(grid[1])[i] for i in (0, -1)]
         conditions = re.search(r'--conditions=([\w-]+),([\w-]+)', cmd) or first
         flags = (f"--seeds={seeds} --conditions={conditions[1]},{conditions[2]} --train_args='{TINY_TRAIN}'"
                  + ('' if '--exit_windows=0' in cmd else ' --exit_windows=4'))

@@ -126,6 +126,14 @@ MUTATIONS = [
      ['tests/test_gate.py::test_each_sequence_exits_where_its_own_cumulative_exit_probability_reaches_the_threshold']),
     ('exit distribution left out of the eval line', 'train.py', "        if 'exit_prob' in record:",
      '        if False:', ['tests/test_gate.py::test_gated_training_shows_the_exit_distribution_in_the_eval_line']),
+    ('gate score forgets the earlier loops', 'lab/diagnose.py',
+     'stay = stay * (1 - torch.sigmoid(model.gate_logit(h, k)))', 'stay = 1 - torch.sigmoid(model.gate_logit(h, k))',
+     ['tests/test_gate.py::test_a_windows_gate_score_is_its_mean_cumulative_exit_probability']),
+    ('matched depth pairs the gate with its own rule', 'lab/matched_depth.py',
+     "for r in ([s] if s in theirs else theirs)]", "for r in ([s] if s in theirs else ['max_prob'])]",
+     ['tests/test_gate.py::test_matched_depth_pairs_the_gate_with_each_of_the_references_rules']),
+    ('table drops the exit probability', 'plot_norms.py', "loop_means(last, 'exit_prob', K, '.3f')", "''",
+     ['tests/test_gate.py::test_the_gate_against_the_rules_in_its_own_runs_and_its_table']),
     # ---- what a nanoGPT user reads and types (tests/test_nanogpt_user.py): the schedule, float16, every printed figure
     ('cosine decay is linear', 'train.py', 'return args.min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (lr - args.min_lr)',
      'return args.min_lr + (1 - progress) * (lr - args.min_lr)',
@@ -480,7 +488,7 @@ MUTATIONS = [
      '    out = losses[np.abs(depths[None, :] - grid[:, None]).argmin(axis=1)].astype(float)',
      ['tests/test_matched_depth.py::test_read_at_interpolates_between_neighbouring_thresholds_and_never_extrapolates']),
     ('matched-depth pairs not paired by seed', 'lab/matched_depth.py',
-     "curves[ref['folder']][score][:len(grid)]", "curves[entry['pairs'][0][2]['folder']][score][:len(grid)]",
+     "curves[ref['folder']][ref_score][:len(grid)]", "curves[entry['pairs'][0][2]['folder']][ref_score][:len(grid)]",
      ['tests/test_matched_depth.py::test_pairs_are_compared_seed_by_seed_at_each_depth']),
     # ---- writers and run folders (tests/test_writers.py)
     ('writers expect their folders to exist', 'data/common.py', "    os.makedirs(os.path.dirname(path) or '.', exist_ok=True)\n    try:",

@@ -151,3 +151,73 @@ def test_sample_generates_with_the_gate_from_a_gated_checkpoint(small_data, tmp_
     sample.main(['--out_dir', str(out), '--exit=gate', '--exit_threshold=0.5', '--max_new_tokens=5',
                  '--num_samples=2'])
     assert 'mean loops per token' in capsys.readouterr().out 
+
+
+# ---- the gate at matched depth (lab/diagnose.py, lab/matched_depth.py) and in plot_norms.py's table
+
+def test_a_windows_gate_score_is_its_mean_cumulative_exit_probability():
+    from lab import diagnose
+    model = tiny(supervision='gated', seed=3).eval()
+    with torch.no_grad():
+        model.exit_gate.weight.copy_(torch.randn(1, 16, generator=torch.Generator().manual_seed(0)) * 0.3)
+        model.exit_gate.bias.fill_(-0.6)
+    x, y = tokens(B=5, T=8)
+    ce, scores = diagnose.sequence_depth_stats(model, x, y, 3, batch_size=2, gate=True)
+    ce_plain, plain = diagnose.sequence_depth_stats(model, x, y, 3, batch_size=2)
+    assert set(scores) == set(plain) | {'gate'} and (ce == ce_plain).all()
+    with torch.no_grad():  # by hand, per token: 1 - prod_{j<=k} (1 - lambda_j), then the window's mean
+        stay, want = torch.ones(5, 8), []
+        for k, h in model.loops(model.embed(x), 3):
+            stay = stay * (1 - torch.sigmoid(model.gate_logit(h, k)))
+            want.append((1 - stay).mean(-1))
+    assert torch.allclose(torch.from_numpy(scores['gate']), torch.stack(want, 1), atol=1e-6)
+    assert (scores['gate'][:, 1:] >= scores['gate'][:, :-1]).all()  # it only rises: one threshold, one exit
+
+
+def test_matched_depth_pairs_the_gate_with_each_of_the_references_rules():
+    from lab.grid import group_runs
+    from lab.stats import pair_up
+    from test_matched_depth import fake_run
+    import numpy as np
+    from lab import matched_depth as md
+    runs = [fake_run(f"r{s}", 'per_loop + rmsnorm', s, 'rmsnorm') for s in (1, 2)]
+    runs += [fake_run(f"g{s}", 'gated + rmsnorm', s, 'rmsnorm') for s in (1, 2)]
+    for run in runs[2:]:
+        run['config']['model']['supervision'] = run['config']['supervision'] = 'gated'
+    rules = list(md.diagnose.SCORES)
+    curves = {f"r{s}": {r: np.full(5, 2.0 + i + s) for i, r in enumerate(rules)} for s in (1, 2)}
+    curves.update({f"g{s}": {**{r: np.full(5, 2.5 + s) for r in rules}, 'gate': np.full(5, 1.0 + s)}
+                   for s in (1, 2)})
+    rows = md.matched_rows(pair_up(group_runs(runs), 'per_loop + rmsnorm'), curves, 'per_loop + rmsnorm')
+    assert [r['score'] for r in rows] == rules + [f"gate vs {r}" for r in rules]
+    for i, row in enumerate(rows[len(rules):]):  # the gated run's gate minus the per-loop run's rule i
+        assert row['stats'][0]['mean'] == pytest.approx(-1.0 - i) and row['pairs'] == 2
+
+
+def train_tiny(data, out, *flags):
+    train.main(['--dataset', data, '--out_dir', str(out), '--n_layer=1', '--n_embd=16', '--n_head=2',
+                '--n_loop=2', '--block_size=16', '--batch_size=2', '--max_iters=2', '--eval_interval=1',
+                '--eval_iters=1', *flags])
+    return str(out)
+
+
+def test_the_gate_against_the_rules_in_its_own_runs_and_its_table(small_data, tmp_path, capsys):
+    import plot_norms
+    from lab import matched_depth as md
+    gated = [train_tiny(small_data, tmp_path / f"gated{s}", '--supervision=gated', f'--seed={s}')
+             for s in (1, 2)]
+    plain = train_tiny(small_data, tmp_path / 'plain', '--seed=1')
+    md.main([*gated, '--against=gate', '--max_windows=8', f"--fig_dir={tmp_path / 'md'}"])
+    text = (tmp_path / 'md' / 'matched_depth.md').read_text()
+    assert all(f"| {rule} - gate |" in text for rule in md.diagnose.SCORES)
+    with pytest.raises(SystemExit) as e:
+        md.main([plain, '--against=gate', '--max_windows=8', f"--fig_dir={tmp_path / 'md2'}"])
+    assert 'has no exit gate' in str(e.value.code) and '\n' not in str(e.value.code)
+    plot_norms.main([*gated, plain, '--exit_windows=0', f"--fig_dir={tmp_path / 'fig'}"])
+    lines = (tmp_path / 'fig' / 'table.md').read_text().splitlines()
+    header = [c.strip() for c in lines[0].split('|')]
+    col = header.index('exit p_k, k = 1..K')
+    cells = {line.split('|')[1].strip(): line.split('|')[col].strip() for line in lines[2:4]}
+    gated_p = [float(v) for v in cells['gated + rmsnorm'].split()]
+    assert len(gated_p) == 2 and sum(gated_p) == pytest.approx(1, abs=2e-3)
+    assert cells['per_loop + rmsnorm'] == ''  # no gate, no exit probability
