@@ -348,7 +348,8 @@ def get_parser():
                         'and half to measure (0: none); needs each run\'s ckpt.pt')
     p.add_argument('--reference', default=None,
                    help=f"the condition every other is paired with, seed by seed, by folder name "
-                        f"or condition name (default: {slug(REFERENCE)} when there are such runs)")
+                        f"or condition name (default: {slug(REFERENCE)}, under the runs' init if not "
+                        "the paper's, when there are such runs)")
     return p
 
 
@@ -383,10 +384,12 @@ def read_runs(args, folders):
 
 
 def pick_reference(p, args, runs):
-    """The condition the others pair with: --reference (folder or condition name) or REFERENCE."""
-    if args.reference is None:
-        return REFERENCE
+    """The condition the others pair with: --reference (folder or condition name), else REFERENCE,
+    under the runs' own init where they name one ('per_loop + rmsnorm (gpt2 init)')."""
     known = {run['name'] for run in runs}
+    if args.reference is None:
+        return next((n for n in sorted(known) if n.startswith(REFERENCE + ' (')
+                     and REFERENCE not in known), REFERENCE)
     reference = next((n for n in known if args.reference in (n, slug(n))), None)
     if reference is None:
         p.error(f"--reference={args.reference}: no such condition among the runs; they hold "

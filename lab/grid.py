@@ -137,13 +137,13 @@ ATLAS, ATLAS_DESIGN = atlas_grid()
 # Claim 4 (scale control wins at matched depth once training is long enough) compares per-loop runs only.
 CLAIM4 = ['per_loop + rmsnorm', 'per_loop + raw', 'per_loop + rmsnorm + penalty', 'per_loop + final_norm',
           'per_loop + rmsnorm + normed', 'per_loop + alpha']
-# Gated supervision (issue 57): Ouro's learned exit gate on the raw state or on the head's input, under both
-# readouts, beside per-loop supervision's two (their checkpoints: the exit rules at matched depth need them)
+# Gated supervision (issue 57): Ouro's learned exit gate on the raw state under both readouts, and on the head's
+# input under rmsnorm (under raw the head reads h_k itself: the same gate), beside per-loop supervision's two
+# (their checkpoints: the exit rules at matched depth need them)
 GATE = {'per_loop + rmsnorm': CONDITIONS['per_loop + rmsnorm'], 'per_loop + raw': CONDITIONS['per_loop + raw'],
         'gated + rmsnorm': ['--supervision=gated', '--readout=rmsnorm'],
         'gated + raw': ['--supervision=gated', '--readout=raw'],
-        'gated + rmsnorm + gate_readout': ['--supervision=gated', '--readout=rmsnorm', '--gate_input=readout'],
-        'gated + raw + gate_readout': ['--supervision=gated', '--readout=raw', '--gate_input=readout']}
+        'gated + rmsnorm + gate_readout': ['--supervision=gated', '--readout=rmsnorm', '--gate_input=readout']}
 # The named grids (plot_norms.py --grid): each a fixed list of conditions, so adding a design changes none of them
 GRIDS = {'paper': dict(CONDITIONS), 'claim4': {n: CONDITIONS[n] for n in CLAIM4}, 'atlas': ATLAS,
          'readouts': {n: CONDITIONS[n] for n in ('per_loop + rmsnorm', 'per_loop + raw')}, 'gate': GATE}

@@ -132,6 +132,9 @@ MUTATIONS = [
     ('matched depth pairs the gate with its own rule', 'lab/matched_depth.py',
      "for r in ([s] if s in theirs else theirs)]", "for r in ([s] if s in theirs else ['max_prob'])]",
      ['tests/test_gate.py::test_matched_depth_pairs_the_gate_with_each_of_the_references_rules']),
+    ('plot_norms pairs with the paper init reference only', 'plot_norms.py', "if n.startswith(REFERENCE + ' (')",
+     "if n.startswith(REFERENCE + ' (') and False",
+     ['tests/test_plot.py::test_the_default_reference_is_per_loop_rmsnorm_under_the_runs_own_init']),
     ('table drops the exit probability', 'plot_norms.py', "loop_means(last, 'exit_prob', K, '.3f')", "''",
      ['tests/test_gate.py::test_the_gate_against_the_rules_in_its_own_runs_and_its_table']),
     # ---- what a nanoGPT user reads and types (tests/test_nanogpt_user.py): the schedule, float16, every printed figure

@@ -87,6 +87,16 @@ def test_a_raw_gate_sees_the_scale_and_a_gate_on_the_readout_does_not():
         assert torch.allclose(normed.gate_logit(10 * h, 2), normed.gate_logit(h, 2), atol=1e-5)
 
 
+def test_under_the_raw_readout_the_two_gate_inputs_are_one_gate():
+    # the raw readout reads h_k itself, so the grid trains the gate on the readout under rmsnorm only
+    raw, readout = tiny(supervision='gated', readout='raw'), tiny(supervision='gated', readout='raw',
+                                                                  gate_input='readout')
+    readout.load_state_dict(raw.state_dict())
+    h = torch.randn(2, 8, 16) * 30
+    with torch.no_grad():
+        assert torch.equal(raw.gate_logit(h, 2), readout.gate_logit(h, 2))
+
+
 def test_gated_training_shows_the_exit_distribution_in_the_eval_line(small_data, tmp_path, capsys):
     out = tmp_path / 'run'
     train.main(['--dataset', small_data, '--out_dir', str(out), '--n_layer=1', '--n_embd=16', '--n_head=2',

@@ -233,3 +233,13 @@ def test_figures_never_go_through_a_planted_link_and_bad_destinations_stop_first
     with pytest.raises(SystemExit) as e:
         plot_norms.main(['--run', "--train_args='x", f'--fig_dir={figs}'])
     assert 'No closing quotation' in str(e.value.code) and '\n' not in str(e.value.code)
+
+
+def test_the_default_reference_is_per_loop_rmsnorm_under_the_runs_own_init():
+    import argparse
+    import plot_norms
+    runs = lambda *names: [{'name': n} for n in names]
+    pick = lambda *names: plot_norms.pick_reference(None, argparse.Namespace(reference=None), runs(*names))
+    assert pick('per_loop + rmsnorm', 'per_loop + raw') == 'per_loop + rmsnorm'
+    assert pick('gated + rmsnorm (gpt2 init)', 'per_loop + rmsnorm (gpt2 init)') == 'per_loop + rmsnorm (gpt2 init)'
+    assert pick('per_loop + raw') == 'per_loop + rmsnorm'  # none: the table then says it has no reference
