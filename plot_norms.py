@@ -348,8 +348,8 @@ def get_parser():
                         'and half to measure (0: none); needs each run\'s ckpt.pt')
     p.add_argument('--reference', default=None,
                    help=f"the condition every other is paired with, seed by seed, by folder name "
-                        f"or condition name (default: {slug(REFERENCE)}, under the runs' init if not "
-                        "the paper's, when there are such runs)")
+                        f"or condition name (default: {slug(REFERENCE)}, under the runs' init "
+                        "if not the paper's, when there are such runs)")
     return p
 
 

@@ -14,14 +14,15 @@ continuing or extending a run (same flags); a warmup and nanoGPT's cosine decay;
     torchrun --standalone --nproc_per_node=2 train.py --device=cpu
 
 Elsewhere: the run folder (lab/runs.py); device, compile, DDP (lab/runtime.py); named configs and
-flag help from looped.py's field comments (lab/configs.py); dataset checks (data/common.py).
+the model's flags, one per LoopedConfig field (lab/configs.py); the eval and progress lines
+(lab/report.py: Report); dataset checks (data/common.py).
 """
 
 import argparse
 import math
 import sys
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -29,54 +30,13 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from lab import configs, runs
-from lab.configs import CONFIGS, field_help, habit_error
-from lab.report import one_line_errors
+from lab.configs import BOOLEAN, CONFIGS, Help, add_model_flags, compile_flag, habit_error
+from lab.report import Report, design_values, one_line_errors
 from data import DATASETS, find_dataset
 from data.common import check_same_data, read_dataset
-from lab.runtime import (Runtime, check_replicas, compile_regions, end_distributed, fmt_mfu,
-                         grad_scaler, peak_flops, resolve_device, setup_distributed)
-from looped import CHOICES, LoopedConfig, LoopedGPT, sampled_depth
-
-
-def str2bool(s):
-    """argparse type for booleans: plain type=bool would turn the string 'False' into True."""
-    if s.lower() not in ('1', 'true', 'yes', '0', 'false', 'no'):
-        raise argparse.ArgumentTypeError(f"expected True/False/1/0 (or the flag alone), got {s!r}")
-    return s.lower() in ('1', 'true', 'yes')
-
-
-def compile_flag(s):
-    """--compile's values: auto (on for CUDA only) or a boolean."""
-    if s == 'auto':
-        return s
-    try:
-        return str2bool(s)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"expected auto or True/False/1/0, got {s!r}") from None
-
-
-class Help(argparse.ArgumentDefaultsHelpFormatter):
-    """--help with every default but an unset one: that flag's own help says what unset means."""
-    def _get_help_string(self, action):
-        return action.help if action.default is None else super()._get_help_string(action)
-
-
-BOOLEAN = dict(type=str2bool, nargs='?', const=True)  # a boolean flag: --flag alone means True
-
-
-def add_model_flags(p):
-    """One flag per LoopedConfig field (but vocab_size, set from the data), its help the field's
-    comment in looped.py, its choices CHOICES'."""
-    helps = field_help()
-    for f in fields(LoopedConfig):
-        t = str(f.type)
-        if f.name == 'vocab_size':
-            continue
-        if 'bool' in t:
-            p.add_argument(f'--{f.name}', **BOOLEAN, default=f.default, help=helps[f.name])
-        else:
-            p.add_argument(f'--{f.name}', type=float if 'float' in t else f.type, default=f.default,
-                           choices=CHOICES.get(f.name), help=helps[f.name])
+from lab.runtime import (Runtime, check_replicas, compile_regions, end_distributed, grad_scaler,
+                         resolve_device, setup_distributed)
+from looped import LoopedConfig, LoopedGPT, sampled_depth
 
 
 def get_parser():
@@ -411,76 +371,6 @@ def eval_record(job, val_batches, train_batches, t_start):
               'hidden_norm': val_norm, 'elapsed_s': round(time.time() - t_start, 2)}
     record.update(design_values(raw_model, val_batches[0], ctx))
     return record
-
-
-def design_values(model, batch, ctx):
-    """What the designs that are on have learned or estimate, for the log and the eval line."""
-    values = {}
-    if model.config.readout == 'alpha':  # how much scale the readout has chosen to see
-        values['alpha'] = model.readout.norm.alpha().item()
-    if model.diagonal is not None:  # Parcae's per-channel decay of the carried state
-        decay = model.diagonal.coefficients()[1].detach()
-        values['decay'] = [decay.mean().item(), decay.min().item(), decay.max().item()]
-    if model.damping is not None:  # the factor the carried state is damped by between passes
-        values['damping'] = torch.sigmoid(model.damping).item()
-    if model.config.jacobian_penalty > 0 or model.exit_gate is not None:
-        model.eval()  # one validation batch at K loops (STARS's estimate needs a graph)
-        with torch.set_grad_enabled(model.config.jacobian_penalty > 0), ctx:
-            stats = model(*batch)[2]
-        model.train()
-        if 'jacobian' in stats:  # ||v^T J|| at h_K
-            values['jacobian'] = stats['jacobian'].item()
-        if 'exit_prob' in stats:  # the gate's exit distribution over loops 1..K, and its logits
-            values['exit_prob'] = stats['exit_prob'].tolist()
-            values['gate_logit'] = stats['gate_logit'].tolist()
-    return values
-
-
-class Report:
-    """The two lines a run prints as it trains, and the progress line's clock and losses: the
-    objective trained and the last exit's cross-entropy of each step since the last line."""
-    def __init__(self, job):
-        self.job, self.step_start, self.losses, self.ces = job, job.step, [], []
-        self.peak = peak_flops(job.rt.device, job.rt.dtype)
-        self.flops_per_token = job.raw_model.flops_per_token()
-        self.t_start = self.t_last = time.time()
-
-    def eval_line(self, record):
-        """'eval <step>: val loss by depth <K losses> | 2K <loss> | ||h_k|| <K norms> | 2K <n>'"""
-        loss, norm, K = record['val_loss'], record['hidden_norm'], self.job.config.n_loop
-        designs = {'alpha': 'alpha {:.3f}', 'decay': 'decay mean {:.3f} min {:.3f} max {:.3f}',
-                   'damping': 'damping {:.3f}', 'jacobian': '||vJ|| {:.3f}'}  # design_values'
-        extra = ''.join(f" | {form.format(*np.atleast_1d(record[key]))}"
-                        for key, form in designs.items() if key in record)
-        if 'exit_prob' in record:  # gated: p_k and |gate logit| at loops 1..K
-            extra += (f" | exit p {' '.join(f'{v:.3f}' for v in record['exit_prob'])}"
-                      f" | |gate logit| {' '.join(f'{v:.1f}' for v in record['gate_logit'])}")
-        return (f"eval {record['step']}: val loss by depth {' '.join(f'{v:.3f}' for v in loss[:K])}"
-                f" | 2K {loss[-1]:.3f} | ||h_k|| {' '.join(f'{v:.1f}' for v in norm[:K])}"
-                f" | 2K {norm[-1]:.1f}{extra}")
-
-    def progress_line(self, stats, r, steps):
-        """'step 20/500 | loss 2.5012 | ce_K 2.4843 | ||h_K|| 412.3 | 95 ms/step | ... | ETA 0m46s':
-        loss is the objective trained (as the supervision weighs the exits, plus any penalty), ce_K
-        the last exit's, each the mean over the `steps` steps since the last line, its micro-steps
-        and processes (float16 steps that the scaler skipped count in the clock, not in the means).
-        tok/s counts every process and micro-step; the clock leaves out evaluations and saves."""
-        job, max_iters = self.job, self.job.args.max_iters
-        step, tok = job.step, job.global_batch * job.config.block_size  # tokens per optimizer step
-        now = time.time()
-        dt = (now - self.t_last) / steps
-        eta = (now - self.t_start) / (step - self.step_start) * (max_iters - step)
-        mean = lambda xs: f"{torch.stack(xs).mean().item():.4f}" if xs else 'skipped'
-        depth = 'K' if job.config.depth_sampling == 'fixed' else 'r'  # r: this step's drawn count
-        drawn = '' if depth == 'K' else f"r {r} | "
-        skips = f" | float16 steps skipped {job.fp16_skips}" if job.fp16_skips else ''
-        line = (f"step {step}/{max_iters} | loss {mean(self.losses)} | {drawn}ce_{depth} "
-                f"{mean(self.ces)} | ||h_{depth}|| {stats['hidden_norm'][-1].item():.1f} | "
-                f"{dt * 1000:.0f} ms/step | "
-                f"{tok / dt:,.0f} tok/s | MFU {fmt_mfu(tok / dt, self.flops_per_token, self.peak)}"
-                f" | ETA {runs.fmt_time(eta)}{skips}")
-        self.t_last, self.losses, self.ces = now, [], []
-        return line
 
 
 def optimizer_step(job, n_loop):

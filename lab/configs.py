@@ -1,14 +1,16 @@
 """
 The named configurations of train.py --config: sizes, steps, evaluation and learning rate of each. Any flag given
-on the command line overrides its value here; the model flags themselves are described in looped.LoopedConfig.
+on the command line overrides its value here; the model flags themselves are described in looped.LoopedConfig, and
+made here (add_model_flags: one flag per field, its help the field's comment, its choices looped.CHOICES').
 """
 
+import argparse
 import inspect
 import math
 import re
 from dataclasses import fields
 
-from looped import LoopedConfig
+from looped import CHOICES, LoopedConfig
 
 # 'laptop' is the default: on a 2-core CPU it trains, evaluates and checkpoints in a few minutes and its log shows
 # the blind spot.
@@ -75,6 +77,49 @@ def field_help():
     """{field: its comment in looped.py's LoopedConfig}: the help of train.py's flags."""
     source = inspect.getsource(LoopedConfig)
     return dict(re.findall(r'^    (\w+): [^=\n]+=[^#\n]+#\s*(.+)$', source, flags=re.M))
+
+
+# ---- train.py's flags: one per LoopedConfig field, and the argparse types and help they need
+
+def str2bool(s):
+    """argparse type for booleans: plain type=bool would turn the string 'False' into True."""
+    if s.lower() not in ('1', 'true', 'yes', '0', 'false', 'no'):
+        raise argparse.ArgumentTypeError(f"expected True/False/1/0 (or the flag alone), got {s!r}")
+    return s.lower() in ('1', 'true', 'yes')
+
+
+def compile_flag(s):
+    """--compile's values: auto (on for CUDA only) or a boolean."""
+    if s == 'auto':
+        return s
+    try:
+        return str2bool(s)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected auto or True/False/1/0, got {s!r}") from None
+
+
+class Help(argparse.ArgumentDefaultsHelpFormatter):
+    """--help with every default but an unset one: that flag's own help says what unset means."""
+    def _get_help_string(self, action):
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
+BOOLEAN = dict(type=str2bool, nargs='?', const=True)  # a boolean flag: --flag alone means True
+
+
+def add_model_flags(p):
+    """One flag per LoopedConfig field (but vocab_size, set from the data), its help the field's
+    comment in looped.py, its choices CHOICES'."""
+    helps = field_help()
+    for f in fields(LoopedConfig):
+        t = str(f.type)
+        if f.name == 'vocab_size':
+            continue
+        if 'bool' in t:
+            p.add_argument(f'--{f.name}', **BOOLEAN, default=f.default, help=helps[f.name])
+        else:
+            p.add_argument(f'--{f.name}', type=float if 'float' in t else f.type, default=f.default,
+                           choices=CHOICES.get(f.name), help=helps[f.name])
 
 
 # ---- nanoGPT's habits: flags a nanoGPT user types from memory, each answered by train.py in one line that

@@ -13,7 +13,8 @@ import torch
 
 import train
 from conftest import ROOT
-from lab import runtime
+from lab import configs, runtime
+from lab import report as lab_report
 from lab.configs import NANOGPT_HABITS
 from lab.runs import load_checkpoint
 from looped import LoopedGPT
@@ -229,7 +230,7 @@ def test_the_progress_lines_clock_tokens_and_eta_by_hand(monkeypatch):
     monkeypatch.setattr(train.time, 'time', clock)
     # 2 processes x 3 micro-steps x batch 4 = 24 sequences of 8 tokens per optimizer step
     job = stub_job(global_batch=24, step=10)
-    report = train.Report(job)
+    report = lab_report.Report(job)
     report.peak = 1e9  # a known peak, so that MFU is a number to check
     stats = {'hidden_norm': torch.tensor([1.0, 2.0])}
     job.step, clock.now = 30, clock.now + 4.0  # 20 steps in 4 s
@@ -300,7 +301,7 @@ def test_every_nanogpt_flag_in_the_usage_table_gets_its_one_line():
 
 def test_every_boolean_flag_accepts_the_bare_form():
     parser = train.get_parser()
-    booleans = [a.dest for a in parser._actions if a.type in (train.str2bool, train.compile_flag)]
+    booleans = [a.dest for a in parser._actions if a.type in (configs.str2bool, configs.compile_flag)]
     assert {'resume', 'overwrite', 'compile', 'tie_weights', 'decay_lr'} <= set(booleans)
     for name in booleans:
         assert getattr(train.parse_args([f'--{name}']), name) is True, name
