@@ -29,11 +29,11 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from data import DATASETS, find_dataset
+from data.common import check_same_data, read_dataset
 from lab import configs, runs
 from lab.configs import BOOLEAN, CONFIGS, Help, add_model_flags, compile_flag, habit_error
 from lab.report import Report, design_values, one_line_errors
-from data import DATASETS, find_dataset
-from data.common import check_same_data, read_dataset
 from lab.runtime import (Runtime, check_replicas, compile_regions, end_distributed, grad_scaler,
                          resolve_device, setup_distributed)
 from looped import LoopedConfig, LoopedGPT, sampled_depth
