@@ -9,6 +9,7 @@ import shlex
 import pytest
 
 from conftest import ROOT
+import plot_norms
 from lab import atlas, norm_course
 
 DOCS = os.path.join(ROOT, 'docs', 'results.md')
@@ -20,7 +21,7 @@ REBUILT = {
     'figures/atlas_untied': "python -m lab.atlas 'figures/atlas_untied/runs/*' --fig_dir=figures/atlas_untied",
     'figures/laptop_10k': "python -m lab.norm_course 'figures/laptop_10k/runs/*' --fig_dir=figures/laptop_10k",
 }
-TOOLS = {'lab.atlas': atlas.main, 'lab.norm_course': norm_course.main}
+TOOLS = {'lab.atlas': atlas.main, 'lab.norm_course': norm_course.main, 'plot_norms.py': plot_norms.main}
 # the tables no committed log backs: their runs' folders (out/) or checkpoints were never committed; the docs'
 # section gives each one's reason and the command that trains its runs again
 LOGLESS = [
@@ -64,7 +65,8 @@ def test_every_table_under_figures_is_rebuilt_from_its_committed_logs(folder, sh
     if folder in REBUILT:
         command = REBUILT[folder]
         assert f"`{command}`" in section, f"docs/results.md's section {SECTION!r} does not name {command}"
-        python, m, tool, *argv = shlex.split(command)
+        words = shlex.split(command)  # python -m lab.<tool> ... or python plot_norms.py ...
+        tool, argv = (words[2], words[3:]) if words[1] == '-m' else (words[1], words[2:])
         # the runs' dataset from a prepared copy of the shipped text: the atlas's unigram loss needs it, and the
         # repository's data/ is never touched by the tests
         monkeypatch.setattr(atlas, 'find_dataset', lambda name: {'shakespeare_char': shakespeare_data}[name])
