@@ -28,7 +28,8 @@ from lab import diagnose
 from lab.grid import GRIDS, LogError, grid_of, group_runs, load_runs, run_grid, slug
 from lab.report import (at_least, check_destination, fail, markdown, pyplot, run_main, runs_flags,
                         save_figure, split_flags, tool_parser, write_csv, write_text)
-from lab.stats import LEVEL, REFERENCE, pair_up, paired_diffs, paired_rows, paired_stats, progress
+from lab.stats import (LEVEL, REFERENCE, default_reference, pair_up, paired_diffs, paired_rows,
+                       paired_stats, progress)
 
 plt = pyplot()  # on Agg: files only, no display needed
 PROG = 'plot_norms.py'
@@ -388,8 +389,7 @@ def pick_reference(p, args, runs):
     under the runs' own init where they name one ('per_loop + rmsnorm (gpt2 init)')."""
     known = {run['name'] for run in runs}
     if args.reference is None:
-        return next((n for n in sorted(known) if n.startswith(REFERENCE + ' (')
-                     and REFERENCE not in known), REFERENCE)
+        return default_reference(known)
     reference = next((n for n in known if args.reference in (n, slug(n))), None)
     if reference is None:
         p.error(f"--reference={args.reference}: no such condition among the runs; they hold "

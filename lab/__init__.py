@@ -2,13 +2,15 @@
 The lab: everything around the model that the paper's measurements need. The model is looped.py and the training
 loop train.py, at the repository's root; the tools here run from the root as `python -m lab.<tool>`.
 
-    configs        the named configurations of train.py --config; flag help and run names from LoopedConfig
+    configs        the named configurations of train.py --config; its model flags, their help and run names from
+                   LoopedConfig
     engine         generation: the KV cache per layer and loop, per-sequence early exit, the exit rules
     runs           the run folder (log, checkpoint, lock, resume), loading a checkpoint, the names of runs
     runtime        device, dtype and compile (resolve_device), MFU, the torchrun process group
     grid           the grids of conditions, training them, reading their logs
     stats          paired statistics across seeds
-    report         the tables, CSV files and figures every tool writes, their shared flags and one-line errors
+    report         the tables, CSV files and figures every tool writes, their shared flags and one-line errors;
+                   train.py's eval and progress lines
     diagnose       measurements of a trained model (python -m lab.diagnose)
     matched_depth  the exit rules at matched depth (python -m lab.matched_depth)
     atlas          the field's designs under rmsnorm and raw (python -m lab.atlas)

@@ -156,24 +156,28 @@ QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)  # operating points besides the calibr
 @torch.no_grad()
 def sequence_depth_stats(model, x, y, K, batch_size=32, gate=False):
     """Per window (sequence) and loop k = 1..K: its mean cross-entropy and the mean over its tokens of every
-    score. With gate (a model trained with supervision='gated'), also 'gate': the learned gate's cumulative exit
-    probability 1 - prod_{j<=k} (1 - lambda_j), the signal of Ouro's exit rule (the engine's 'gate').
-    Returns ce (N, K) and {score: (N, K)}."""
-    names = list(SCORES) + (['gate'] if gate else [])
+    score; and of two more, which the timed benchmark does not serve: 'kl', minus KL(p_k || p_{k-1}), the KL
+    rule's signal negated as 'latent' is (-inf at loop 1, which has no loop before it), and with gate (a model
+    trained with supervision='gated') 'gate', the learned gate's cumulative exit probability
+    1 - prod_{j<=k} (1 - lambda_j), Ouro's rule's signal (the engine's 'gate'). Returns ce (N, K) and
+    {score: (N, K)}."""
+    names = list(SCORES) + ['kl'] + (['gate'] if gate else [])
     ce, scores = [], {name: [] for name in names}
     for i in range(0, len(x), batch_size):
         xb, yb = x[i:i + batch_size], y[i:i + batch_size]
-        rows, h_prev = ([], {name: [] for name in names}), model.embed(xb)
+        rows, h_prev, prev = ([], {name: [] for name in names}), model.embed(xb), None
         stay = torch.ones(yb.shape, device=yb.device)                     # (B, T): no exit so far
         for k, h in model.loops(h_prev, K):
             logp = readout_logp(model, h, k)                              # (B, T, V)
             rows[0].append(-logp.gather(-1, yb.unsqueeze(-1)).squeeze(-1).mean(-1))  # (B,)
             for name, f in SCORES.items():
                 rows[1][name].append(f(logp, h, h_prev).mean(-1))         # (B,)
+            kl = (logp.exp() * (logp - prev)).sum(-1).mean(-1) if prev is not None else None
+            rows[1]['kl'].append(torch.full_like(rows[0][-1], -math.inf) if kl is None else -kl)
             if gate:
                 stay = stay * (1 - torch.sigmoid(model.gate_logit(h, k)))
                 rows[1]['gate'].append((1 - stay).mean(-1))              # (B,)
-            h_prev = h
+            h_prev, prev = h, logp
         ce.append(torch.stack(rows[0], dim=1))
         for name in names:
             scores[name].append(torch.stack(rows[1][name], dim=1))
@@ -262,7 +266,8 @@ def exit_benchmark(model, x, y, K, batch_size=32, repeats=3):
     timed_exit_run(model, xb[:batch_size], yb[:batch_size], K)  # warm-up: first calls allocate and pick kernels
     loops, ppl, tok_s = timed_exit_run(model, xb, yb, K, batch_size=batch_size, repeats=repeats)
     rows = [dict(score='none', point=f'depth {K}', threshold=math.inf, loops=loops, ppl=ppl, tok_s=tok_s)]
-    for name, s in scores_a.items():
+    for name in SCORES:  # the scores a timed run can serve
+        s = scores_a[name]
         points = [('calibrated', calibrate_sequence_exit(ce_a, s, K))]
         points += [(f'q{q:g}', float(np.quantile(s[:, :K - 1], q))) for q in QUANTILES] if K > 1 else []
         for point, t in points:

@@ -6,11 +6,12 @@ Grids of conditions: what each condition is, training every one for every seed, 
     python -m lab.atlas                                           # the field's designs (grid 'atlas'), then its table
 
 What is here: the named grids (GRIDS: 'paper', the paper's ten conditions, CONDITIONS; 'claim4'; 'readouts';
-'atlas', every design of DESIGNS under rmsnorm and raw, each with its prediction written before its runs), each a fixed list of {condition name: train.py flags}, so that declaring a design in looped.py
-changes none of them; the grid each configuration runs by default; one folder per run, reuse and resume
-(rerunning the command never redoes finished work or loses an interrupted run), the child train.py with Ctrl-C
-passed on to it (the child saves a checkpoint, the grid waits for that save, says where it stopped in one line
-and exits 130; the same command continues), and reading a run's log back (load_run, group_runs: the runs of one
+'atlas', every design of DESIGNS under rmsnorm and raw, each with its prediction written before its runs; 'gate',
+the learned exit gate beside per-loop supervision), each a fixed list of {condition name: train.py flags}, so that
+declaring a design in looped.py changes none of them; the grid each configuration runs by default; one folder per
+run, reuse and resume (rerunning the command never redoes finished work or loses an interrupted run), the child
+train.py with Ctrl-C passed on to it (the child saves a checkpoint, the grid waits for that save, says where it
+stopped in one line and exits 130; the same command continues), and reading a run's log back (load_run, group_runs: the runs of one
 condition together, in the grids' order), which the grid needs to tell a finished run from an interrupted one.
 A condition's name comes from its model config (lab.runs.condition_name), so a run made by hand is named the same
 way; it is reused by a grid only from the grid's own folder, with the grid's flags (seed 1.., GRID_FLAGS).

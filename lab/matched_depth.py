@@ -4,14 +4,14 @@ condition, and each condition compared with the reference condition seed by seed
 
     python -m lab.matched_depth 'out/grid/laptop_long/*' 'out/grid/laptop_deep/*'    # into out/figures/matched_depth
     python -m lab.matched_depth 'out/grid/laptop/*' --against=max_prob    # each exit score against another, per run
-    python -m lab.matched_depth 'out/gate/laptop/*-rmsnorm-seed*'    # gated runs: the gate against per-loop's rules
+    python -m lab.matched_depth 'out/gate/laptop/*-rmsnorm*'    # the gate grid: the gate against per-loop's rules
 
 Why: a calibrated exit threshold lands each condition at whatever mean depth it happens to give (rmsnorm exits
 after about one loop where raw keeps going to 3.7), so comparing calibrated points compares different depths.
 Here every condition is read at the same mean depths, and the gap gets an interval over seeds.
 
-How, per run (from its ckpt.pt) and per exit score (diagnose.SCORES: max_prob, margin, entropy, latent; and
-'gate', the learned gate's cumulative exit probability, in runs trained with --supervision=gated):
+How, per run (from its ckpt.pt) and per exit score (diagnose.SCORES: max_prob, margin, entropy, latent; kl, the
+KL rule's; and gate, the learned gate's cumulative exit probability, in runs trained with --supervision=gated):
 1. The validation windows are cut in two as in diagnose.exit_benchmark; everything below uses the second half
    (the reporting half). Each window gets its mean cross-entropy and mean score at every loop 1..K
    (diagnose.sequence_depth_stats).
@@ -44,7 +44,7 @@ from lab.grid import LogError, group_runs, load_runs
 from lab.report import at_least, check_destination, markdown, pyplot, save_figure, tool_parser, write_csv, write_text
 from lab.runs import load_model
 from lab.runtime import resolve_device
-from lab.stats import REFERENCE, pair_up, paired_stats, verdict
+from lab.stats import REFERENCE, default_reference, pair_up, paired_stats, verdict
 
 PROG = 'python -m lab.matched_depth'
 STEP = 0.5  # the depth grid: 1, 1.5, ..., K
@@ -175,7 +175,12 @@ def plot(rows, fig_dir):
     panel per score, one line per configuration and condition."""
     plt = pyplot()
     scores = list(dict.fromkeys(r['score'] for r in rows))
-    fig, axes = plt.subplots(1, len(scores), figsize=(5 * len(scores), 4.2), sharey=True)
+    cols = min(len(scores), 5)  # a gated run's comparisons make ten panels: two rows of five
+    n_rows = -(-len(scores) // cols)
+    fig, axes = plt.subplots(n_rows, cols, figsize=(5 * cols, 4.2 * n_rows), sharey=True, squeeze=False)
+    axes = axes.ravel()
+    for ax in axes[len(scores):]:
+        ax.set_visible(False)
     lines = sorted({(r['config'], r['condition']) for r in rows})
     colors = plt.rcParams['axes.prop_cycle'].by_key()['color']
     for ax, score in zip(axes, scores):
@@ -189,8 +194,9 @@ def plot(rows, fig_dir):
         ax.axhline(0, color='grey', lw=0.8)
         ax.set(xlabel='mean exit depth (loops)', title=f"score: {score}")
         ax.grid(True, alpha=0.3)
-    axes[0].set_ylabel(f"validation loss minus {rows[0]['reference']} (nats)")
-    axes[-1].legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.01, 1))
+    for ax in axes[::cols]:
+        ax.set_ylabel(f"validation loss minus {rows[0]['reference']} (nats)")
+    axes[len(scores) - 1].legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.01, 1))
     fig.suptitle('Early exit per sequence at matched mean depth: paired difference to the reference, 95% t band',
                  fontsize=10)
     return save_figure(fig, os.path.join(fig_dir, 'fig7_matched_depth.png'))
@@ -202,8 +208,10 @@ def get_parser():
     p.add_argument('--fig_dir', default=os.path.join('out', 'figures', 'matched_depth'),
                    help='where the table and figure go (default: out/figures/matched_depth)')
     p.add_argument('--max_windows', type=int, default=200, help='validation windows per run, half of them reported')
-    p.add_argument('--reference', default=REFERENCE, help='the condition the others are paired with')
-    p.add_argument('--against', default=None, choices=[*diagnose.SCORES, 'gate'],
+    p.add_argument('--reference', default=None,
+                   help=f"the condition the others are paired with (default: {REFERENCE}, or that under the "
+                        "runs' one init if they hold no other, e.g. 'per_loop + rmsnorm (gpt2 init)')")
+    p.add_argument('--against', default=None, choices=[*diagnose.SCORES, 'kl', 'gate'],
                    help="pair each exit score with this one within every run, instead of conditions with --reference "
                         "(gate: the learned exit gate of runs trained with --supervision=gated)")
     p.add_argument('--device', default='auto', help='auto, cpu, cuda or mps')
@@ -223,6 +231,8 @@ def main(argv=None):
     if args.against is not None:
         paired, used = {}, sorted(run['folder'] for run in runs)
     else:
+        if args.reference is None:
+            args.reference = default_reference({run['name'] for run in runs})
         if args.reference not in {run['name'] for run in runs}:
             p.error(f"--reference={args.reference!r}: no such condition among the runs")
         paired = pair_up(groups, args.reference)

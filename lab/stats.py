@@ -14,6 +14,7 @@ drawing the gaps (plot_norms.paired_table, plot_norms.plot_crossover). Only nump
 
 import json
 import math
+import re
 
 import numpy as np
 
@@ -72,6 +73,13 @@ def verdict(lo, hi, reference):
     if lo > 0:
         return f"higher than {reference}"
     return 'no difference shown'
+
+
+def default_reference(names):
+    """The condition the others pair with when none is named: REFERENCE, or where the runs hold it under one
+    other init only, that one ('per_loop + rmsnorm (gpt2 init)'); REFERENCE when neither is there."""
+    under_init = [n for n in names if re.fullmatch(re.escape(REFERENCE) + r' \(\w+ init\)', n)]
+    return under_init[0] if REFERENCE not in names and len(under_init) == 1 else REFERENCE
 
 
 def setting(run):

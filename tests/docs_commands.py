@@ -55,6 +55,8 @@ FAILS = [
 
 def grid_slugs(name):
     """The condition slugs (--conditions values) of a named grid, in order."""
+    if ROOT not in sys.path:  # run as python tests/docs_commands.py, the repository is not on the path
+        sys.path.insert(0, ROOT)
     from lab.grid import GRIDS, slug
     return [slug(n) for n in GRIDS[name]]
 
@@ -73,11 +75,14 @@ def shrink(cmd):
         return re.sub(script + r'[^;&|]*', add, text)
     if 'plot_norms.py' in cmd and '--run' in cmd:  # a shrunk grid: 2 seeds at most, 2 conditions, 4 steps
         seeds = min(int((re.search(r'--seeds=(\d+)', cmd) or [0, 1])[1]), 2)
-        grid = re.search(r'--grid=(\w+)', cmd)  # another grid than the paper's: its first and last conditions
-        first = [None, 'per_loop-rmsnorm', 'per_loop-raw'] if not grid else \
-            [None] + [grid_slugs(grid[1])[i] for i in (0, -1)]
-        conditions = re.search(r'--conditions=([\w-]+),([\w-]+)', cmd) or first
-        flags = (f"--seeds={seeds} --conditions={conditions[1]},{conditions[2]} --train_args='{TINY_TRAIN}'"
+        grid = re.search(r'--grid=(\w+)', cmd)  # another grid than the paper's: all of a small one
+        small = grid and len(grid_slugs(grid[1])) <= 6
+        conditions = (','.join(grid_slugs(grid[1])) if small else ','.join(grid_slugs(grid[1])[i] for i in (0, -1))
+                      if grid else 'per_loop-rmsnorm,per_loop-raw')
+        given = re.search(r'--conditions=([\w-]+,[\w-]+)', cmd)
+        documented = re.search(r"--train_args='([^']*)'", cmd)  # kept (an --init, say), the tiny steps after it
+        train_args = (documented[1] + ' ' if documented else '') + TINY_TRAIN
+        flags = (f"--seeds={seeds} --conditions={given[1] if given else conditions} --train_args='{train_args}'"
                  + ('' if '--exit_windows=0' in cmd else ' --exit_windows=4'))
         cmd = append(r'plot_norms\.py', flags, cmd)
     elif 'plot_norms.py' in cmd and '--exit_windows=0' not in cmd:

@@ -82,6 +82,16 @@ def test_sequence_exit_calibration_on_a_known_case():
     assert diagnose.calibrate_sequence_exit(ce[:, :1], score[:, :1], 1) == math.inf  # K = 1: nothing to skip
 
 
+def test_a_windows_kl_score_is_minus_its_mean_kl_to_the_loop_before():
+    model, (x, y) = tiny(), data(n_windows=6)
+    _, scores = diagnose.sequence_depth_stats(model, x, y, 3, batch_size=4)
+    with torch.no_grad():  # by hand: KL(p_k || p_{k-1}) per token, its mean over the window, negated
+        logps = [diagnose.readout_logp(model, h, k) for k, h in model.loops(model.embed(x), 3)]
+    want = [-(b.exp() * (b - a)).sum(-1).mean(-1).numpy() for a, b in zip(logps, logps[1:])]
+    assert np.isneginf(scores['kl'][:, 0]).all()  # loop 1 has no loop before it: never settled
+    assert np.allclose(scores['kl'][:, 1:], np.stack(want, 1), atol=1e-6)
+
+
 def test_timed_exit_run_matches_the_computed_exits():
     """The served run (exited sequences leave the batch) must give the very loops and perplexity that the
     per-sequence statistics predict for the same threshold; and the scores are what they say."""
@@ -91,7 +101,7 @@ def test_timed_exit_run_matches_the_computed_exits():
     assert np.allclose(ce.mean(0), stats['ce'].numpy(), atol=1e-5)
     assert ((scores['max_prob'] > 0) & (scores['max_prob'] <= 1)).all() and (scores['margin'] >= 0).all()
     assert ((scores['entropy'] >= -1e-6) & (scores['entropy'] <= 1)).all()
-    for name, s in scores.items():
+    for name, s in ((name, scores[name]) for name in diagnose.SCORES):  # the scores a timed run serves
         for t in np.quantile(s[:, :2], [0.2, 0.6]):
             loops, ppl, tok_s = diagnose.timed_exit_run(model, x, y, 3, name, t, batch_size=4)
             assert (loops, ppl) == pytest.approx(diagnose.sequence_exit(ce, s, t, 3), rel=1e-5) and tok_s > 0

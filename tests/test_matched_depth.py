@@ -86,8 +86,8 @@ def test_the_command_writes_table_and_figure_from_run_folders(small_data, tmp_pa
     md.main([str(tmp_path / 'runs' / '*'), f'--fig_dir={out}', '--max_windows=8', '--device=cpu'])
     table = (out / 'matched_depth.md').read_text()
     rows = [line for line in table.splitlines() if line.startswith('| ') and 'per_loop + raw' in line]
-    n = len(md.diagnose.SCORES)
-    assert len(rows) == n and all('| 2 | 1 2 |' in r for r in rows)  # one row per score, two pairs, seeds 1 and 2
+    n = len(md.diagnose.SCORES) + 1  # and kl, which matched depth reads beside the timed scores
+    assert len(rows) == n and all('| 2 | 1 2 |' in r for r in rows)  # a row per score, two pairs, seeds 1 and 2
     assert len(rows[0].split('|')) - 2 == 5 + 3  # depths 1, 1.5, 2 for K = 2
     csv = (out / 'matched_depth.csv').read_text().splitlines()
     assert len(csv) == 1 + n * 3 and csv[1].startswith('laptop,per_loop + raw,max_prob,2,1,')

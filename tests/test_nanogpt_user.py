@@ -227,7 +227,7 @@ def stub_job(global_batch, block_size=8, batch_size=4, step=0, max_iters=100):
 
 def test_the_progress_lines_clock_tokens_and_eta_by_hand(monkeypatch):
     clock = Clock()
-    monkeypatch.setattr(train.time, 'time', clock)
+    monkeypatch.setattr(lab_report.time, 'time', clock)
     # 2 processes x 3 micro-steps x batch 4 = 24 sequences of 8 tokens per optimizer step
     job = stub_job(global_batch=24, step=10)
     report = lab_report.Report(job)

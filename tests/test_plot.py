@@ -243,3 +243,6 @@ def test_the_default_reference_is_per_loop_rmsnorm_under_the_runs_own_init():
     assert pick('per_loop + rmsnorm', 'per_loop + raw') == 'per_loop + rmsnorm'
     assert pick('gated + rmsnorm (gpt2 init)', 'per_loop + rmsnorm (gpt2 init)') == 'per_loop + rmsnorm (gpt2 init)'
     assert pick('per_loop + raw') == 'per_loop + rmsnorm'  # none: the table then says it has no reference
+    # a design under that init is not the reference, nor is one of two inits
+    assert pick('per_loop + rmsnorm (gpt2 init) + diagonal', 'per_loop + raw (gpt2 init)') == 'per_loop + rmsnorm'
+    assert pick('per_loop + rmsnorm (gpt2 init)', 'per_loop + rmsnorm (paper_small_embed init)') == 'per_loop + rmsnorm'
