@@ -157,7 +157,7 @@ GRID_FLAGS = {'laptop': ['--max_iters=200', '--eval_interval=40', '--eval_iters=
 
 
 # train.py's flags that are not model fields and came after the first logs, with their defaults (see load_run)
-NEWER_FLAGS = {'warmup_iters': 0}
+NEWER_FLAGS = {'warmup_iters': 0, 'decay_lr': False, 'lr_decay_iters': None, 'min_lr': None}
 
 
 class LogError(Exception):

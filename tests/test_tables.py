@@ -86,3 +86,14 @@ def test_every_table_under_figures_is_rebuilt_from_its_committed_logs(folder, sh
         assert all(cell.strip() for cell in rows[0].strip('|').split('|')), rows[0]
     assert all(os.path.exists(os.path.join(ROOT, p)) for p in LOGLESS if os.path.dirname(p) == folder), \
         f"a table listed in LOGLESS under {folder} is gone: drop it from the list"
+
+
+def test_every_committed_log_reads_back_with_every_flag_train_py_has_today():
+    """A flag added to train.py after a log was written must read back at its default (lab/grid.py NEWER_FLAGS);
+    otherwise an older run and a newer one of the same condition and seed settings fall into two groups."""
+    import train
+    from lab.grid import load_run
+    flags = {a.dest for a in train.get_parser()._actions if a.dest != 'help'}
+    for log in sorted(glob.glob(os.path.join(ROOT, 'figures', '**', 'log.jsonl'), recursive=True)):
+        missing = flags - set(load_run(os.path.dirname(log))['config'])
+        assert not missing, f"{os.path.relpath(log, ROOT)} reads back without {sorted(missing)}: add them to NEWER_FLAGS"
