@@ -111,7 +111,7 @@ def get_parser():
                         "gate's cumulative exit probability >= threshold; --supervision=gated)")
     p.add_argument('--exit_threshold', type=float, default=None,
                    help='threshold of --exit (e.g. 0.9 for confidence, 0.01 for kl, 0.2 for '
-                        'latent, 0.5 for gate; lab/diagnose.py calibrates one)')
+                        'latent; lab/diagnose.py calibrates one); gate: default 0.5')
     p.add_argument('--show_depth', action='store_true',
                    help='mark every generated token with the loop at which it exited (colours in a '
                         'terminal, a line of digits under the text otherwise)')
@@ -127,6 +127,8 @@ def main(argv=None):
     p = get_parser()
     args = p.parse_args(argv)
     at_least(p, '--n_loop', args.n_loop, 1)
+    if args.exit == 'gate' and args.exit_threshold is None:
+        args.exit_threshold = 0.5  # a probability: exit once leaving is more likely than not
     if args.exit != 'none' and args.exit_threshold is None:
         p.error(f"--exit={args.exit} needs --exit_threshold")
     if (not args.temperature > 0 or args.top_k < 1 or args.num_samples < 1

@@ -148,19 +148,19 @@ def test_the_gate_rule_on_a_model_without_a_gate_is_one_line(small_data, tmp_pat
                 '--n_loop=2', '--block_size=16', '--batch_size=2', '--max_iters=1', '--eval_interval=1',
                 '--eval_iters=1'])
     with pytest.raises(SystemExit) as e:
-        sample.main(['--out_dir', str(out), '--exit=gate', '--exit_threshold=0.5', '--max_new_tokens=2'])
+        sample.main(['--out_dir', str(out), '--exit=gate', '--max_new_tokens=2'])
     assert 'needs a model trained with --supervision=gated' in str(e.value.code) and '\n' not in str(e.value.code)
 
 
-def test_sample_generates_with_the_gate_from_a_gated_checkpoint(small_data, tmp_path, capsys):
+def test_sample_generates_with_the_gate_from_a_gated_checkpoint_at_its_default_threshold(small_data, tmp_path,
+                                                                                         capsys):
     out = tmp_path / 'gated'
     train.main(['--dataset', small_data, '--out_dir', str(out), '--n_layer=1', '--n_embd=16', '--n_head=2',
                 '--n_loop=2', '--block_size=16', '--batch_size=2', '--max_iters=1', '--eval_interval=1',
                 '--eval_iters=1', '--supervision=gated'])
     capsys.readouterr()
-    sample.main(['--out_dir', str(out), '--exit=gate', '--exit_threshold=0.5', '--max_new_tokens=5',
-                 '--num_samples=2'])
-    assert 'mean loops per token' in capsys.readouterr().out 
+    sample.main(['--out_dir', str(out), '--exit=gate', '--max_new_tokens=5', '--num_samples=2'])
+    assert 'exit=gate, threshold 0.5' in capsys.readouterr().out
 
 
 # ---- the gate at matched depth (lab/diagnose.py, lab/matched_depth.py) and in plot_norms.py's table
