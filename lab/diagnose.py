@@ -1,12 +1,13 @@
 """
 Measure a trained looped model: perplexity at every exit depth, a calibrated early exit, and the paper's
 scale mechanism (readout scale sensitivity, radial gradient, radial/angular split of each loop, radial
-clamps, and the lemma check over 30 loops).
+clamps, and the lemma check over 30 loops); in a gated run, what bounds the exit gate's logit.
 
     python -m lab.diagnose --out_dir=out/laptop                  # all of it, on the validation split
     python -m lab.diagnose --out_dir=out/laptop-readout_raw --only=scale
     python -m lab.diagnose --out_dir=out/laptop --only=depth --max_windows=200
     python -m lab.diagnose --out_dir=out/laptop --only=lemma --fig=figures/laptop/lemma_rmsnorm.png
+    python -m lab.diagnose --out_dir=out/laptop-supervision_gated --only=gate
 
 Depth and exit numbers use non-overlapping windows of block_size tokens, so every validation token (all but
 the last few that do not fill a window) is predicted exactly once. The scale diagnostics use the first
@@ -495,7 +496,8 @@ def fmt_row(label, values, f='8.3f'):
 def get_parser():
     p = tool_parser(PROG, __doc__)
     p.add_argument('--out_dir', default='out/laptop', help='the run folder that holds ckpt.pt')
-    p.add_argument('--only', default='all', choices=['all', 'depth', 'exit', 'scale', 'lemma'])
+    p.add_argument('--only', default='all', choices=['all', 'depth', 'exit', 'scale', 'gate', 'lemma'],
+                   help="gate: the exit gate's weight against what it reads (runs with --supervision=gated)")
     p.add_argument('--max_windows', type=int, default=None, help='cap on validation windows for depth and exit')
     p.add_argument('--diag_windows', type=int, default=32, help='validation windows for the scale diagnostics')
     p.add_argument('--lemma_loops', type=int, default=30, help='loops run by the lemma check')
@@ -584,6 +586,30 @@ def print_radial_gradient(model, x, y, K):
         print(fmt_row(f"loop {k}", row, '8.2e'))
 
 
+@torch.no_grad()
+def gate_alignment(model, x, K):
+    """Why a gate on a large state need not saturate (supervision='gated'): its logit is w . z_k + b, so
+    |logit| <= ||w|| ||z_k|| |cos(w, z_k)| + |b|. Per loop k, means over tokens: ||z_k|| (what the gate reads),
+    ||w||, |cos(w, z_k)| and |logit|."""
+    w = model.exit_gate.weight[0].float()
+    rows = []
+    for k, _, h in passes(model, x, K):
+        z = (h if model.config.gate_input == 'raw' else model.exit_input(h, k)).float()  # (B, T, C)
+        cos = (z @ w) / (z.norm(dim=-1) * w.norm()).clamp_min(1e-12)  # (B, T)
+        logit = model.gate_logit(h, k)
+        rows.append([z.norm(dim=-1).mean().item(), w.norm().item(), cos.abs().mean().item(),
+                     logit.abs().mean().item()])
+    return rows
+
+
+def print_gate_alignment(model, x, K):
+    print(f"\nthe exit gate (reads {model.config.gate_input}): logit = w . z_k + b with bias b = "
+          f"{model.exit_gate.bias.item():+.2f}; means over tokens ({len(x)} windows)")
+    print(f"{'':>10} {'||z_k||':>8} {'||w||':>8} {'|cos|':>8} {'|logit|':>8}")
+    for k, row in enumerate(gate_alignment(model, x, K), 1):
+        print(fmt_row(f"loop {k}", row, '8.3f'))
+
+
 def print_update_split(model, x, K):
     split, states = update_split(model, x, K)
     print("\nper-loop update from the state the pass starts from: radial increment and angle (degrees)")
@@ -636,6 +662,10 @@ def main(argv=None):
         print_radial_gradient(model, x, y, K)
         print_update_split(model, x, K)
         print_clamps(model, x, y, K)
+    if args.only == 'gate' or (args.only == 'all' and model.exit_gate is not None):
+        if model.exit_gate is None:
+            p.error(f"--only=gate: {args.out_dir} has no exit gate (not trained with --supervision=gated)")
+        print_gate_alignment(model, x, K)
     if args.only in ('all', 'lemma'):
         title = f"{args.out_dir} ({condition_name(c.to_dict())}), step {ckpt['step']}"
         print_lemma(model, x, K, args.lemma_loops, title, fig_path)

@@ -231,3 +231,29 @@ def test_the_gate_against_the_rules_in_its_own_runs_and_its_table(small_data, tm
     gated_p = [float(v) for v in cells['gated + rmsnorm'].split()]
     assert len(gated_p) == 2 and sum(gated_p) == pytest.approx(1, abs=2e-3)
     assert cells['per_loop + rmsnorm'] == ''  # no gate, no exit probability
+
+
+@pytest.mark.parametrize('gate_input', ['raw', 'readout'])
+def test_the_gate_alignment_splits_each_logit_into_weight_norm_state_norm_and_cosine(gate_input):
+    from lab import diagnose
+    model = tiny(supervision='gated', gate_input=gate_input, seed=2).eval()
+    set_gate(model, bias=0.5)
+    with torch.no_grad():
+        model.exit_gate.weight[0, 0] = 2.0  # w = 2 e_0: the logit is 2 z_0 + 0.5
+    x, _ = tokens()
+    rows = diagnose.gate_alignment(model, x, 3)
+    with torch.no_grad():
+        for (k, h), (z_norm, w_norm, cos, logit) in zip(model.loops(model.embed(x), 3), rows):
+            z = h if gate_input == 'raw' else model.exit_input(h, k)
+            assert w_norm == pytest.approx(2.0)
+            assert z_norm == pytest.approx(z.norm(dim=-1).mean().item(), rel=1e-5)
+            assert cos == pytest.approx((z[..., 0].abs() / z.norm(dim=-1)).mean().item(), rel=1e-5)
+            assert logit == pytest.approx((2 * z[..., 0] + 0.5).abs().mean().item(), rel=1e-5)
+
+
+def test_diagnose_asked_for_the_gate_of_a_run_without_one_is_one_line(small_data, tmp_path):
+    from lab import diagnose
+    plain = train_tiny(small_data, tmp_path / 'plain')
+    with pytest.raises(SystemExit) as e:
+        diagnose.main(['--out_dir', plain, '--only=gate'])
+    assert 'has no exit gate' in str(e.value.code) and '\n' not in str(e.value.code)
