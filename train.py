@@ -13,9 +13,9 @@ continuing or extending a run (same flags); a warmup and nanoGPT's cosine decay;
     python train.py --decay_lr --warmup_iters=50 --lr_decay_iters=500 --min_lr=3e-4
     torchrun --standalone --nproc_per_node=2 train.py --device=cpu
 
-Elsewhere: the run folder (lab/runs.py); device, compile, DDP (lab/runtime.py); named configs and
-the model's flags, one per LoopedConfig field (lab/configs.py); the eval and progress lines
-(lab/report.py: Report); dataset checks (data/common.py).
+Elsewhere: the run folder (lab/runs.py); device, compile, DDP (lab/runtime.py); named configs,
+the model's flags (one per LoopedConfig field) and the checks of the others (lab/configs.py); the
+eval and progress lines (lab/report.py: Report); dataset checks (data/common.py).
 """
 
 import argparse
@@ -111,35 +111,12 @@ def parse_args(argv=None):
         args.epochs = None
     if args.resume and args.overwrite:
         parser.error("--resume continues a run and --overwrite replaces it: give one of them")
-    finite = lambda v: v is not None and math.isfinite(v)  # nan and inf pass a plain comparison
-    a = args  # a short name, so that each check fits on one line
-    counts = ('batch_size', 'eval_interval', 'eval_iters', 'log_interval')
-    counts += ('max_iters',) if a.epochs is None else ()
-    checks = [(n, getattr(a, n) >= 1, 'at least 1') for n in counts] + [
-        ('grad_accum', a.grad_accum is None or a.grad_accum >= 1, 'at least 1'),
-        ('warmup_iters', a.warmup_iters >= 0, 'at least 0 (0: no warmup)'),
-        ('lr_decay_iters', a.lr_decay_iters is None or a.lr_decay_iters >= 1, 'at least 1'),
-        ('min_lr', a.min_lr is None or (finite(a.min_lr) and 0 <= a.min_lr <= a.learning_rate),
-         'a finite number between 0 and --learning_rate'),
-        ('learning_rate', finite(a.learning_rate) and a.learning_rate > 0, 'a finite number > 0'),
-        ('weight_decay', finite(a.weight_decay) and a.weight_decay >= 0, 'a finite number >= 0'),
-        ('grad_clip', finite(a.grad_clip) and a.grad_clip >= 0, 'a finite number >= 0 (0: off)'),
-        ('epochs', a.epochs is None or (finite(a.epochs) and a.epochs > 0), 'finite and > 0'),
-        ('block_size', a.epochs is None or a.block_size >= 2, '>= 2 with --epochs (stride T/2)'),
-        ('seed', 0 <= a.seed < 2 ** 63, 'between 0 and 2**63 - 1')]
-    for name, ok, want in checks:
-        if not ok:
-            parser.error(f"--{name}={getattr(args, name)} must be {want}")
+    bad = configs.bad_training_flag(args)  # a count below 1, a nan rate, ...
+    if bad:
+        parser.error(bad)
     if args.out_dir is None:  # named by the variant flags that differ from their defaults
         args.out_dir = runs.run_name(args.config, vars(args))
     return args
-
-
-def given_flags(argv=None):
-    """The names of the flags typed on the command line (not those from defaults or --config)."""
-    parser, unset = get_parser(), object()
-    parser.set_defaults(**{a.dest: unset for a in parser._actions})
-    return {name for name, value in vars(parser.parse_args(argv)).items() if value is not unset}
 
 
 def model_config(args, vocab_size=65):
@@ -311,7 +288,7 @@ def build(job):
 
 
 def main(argv=None):
-    args, given = parse_args(argv), given_flags(argv)
+    args, given = parse_args(argv), configs.given_flags(get_parser(), argv)
     job = setup(args, given)
     say, world, config, run = job.say, job.world, job.config, job.run
     ddp = f" | data parallel: {world} processes ({dist.get_backend()})" if world > 1 else ''

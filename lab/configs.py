@@ -1,7 +1,8 @@
 """
 The named configurations of train.py --config: sizes, steps, evaluation and learning rate of each. Any flag given
 on the command line overrides its value here; the model flags themselves are described in looped.LoopedConfig, and
-made here (add_model_flags: one flag per field, its help the field's comment, its choices looped.CHOICES').
+made here (add_model_flags: one flag per field, its help the field's comment, its choices looped.CHOICES'), and
+train.py's other flags are checked here (bad_training_flag, given_flags).
 """
 
 import argparse
@@ -154,3 +155,35 @@ def habit_error(argv):
             return f"--{name} is nanoGPT's; {NANOGPT_HABITS[name]}"
     return None
 
+
+def given_flags(parser, argv=None):
+    """The names of the flags typed on the command line (not those from defaults or --config): a
+    resumed run takes the rest from its checkpoint."""
+    unset = object()
+    parser.set_defaults(**{a.dest: unset for a in parser._actions})
+    return {name for name, value in vars(parser.parse_args(argv)).items() if value is not unset}
+
+
+def bad_training_flag(args):
+    """One line for the first training flag (not a model field: LoopedConfig checks those) whose value
+    cannot work, or None."""
+    finite = lambda v: v is not None and math.isfinite(v)  # nan and inf pass a plain comparison
+    a = args  # a short name, so that each check fits on one line
+    counts = ('batch_size', 'eval_interval', 'eval_iters', 'log_interval')
+    counts += ('max_iters',) if a.epochs is None else ()
+    checks = [(n, getattr(a, n) >= 1, 'at least 1') for n in counts] + [
+        ('grad_accum', a.grad_accum is None or a.grad_accum >= 1, 'at least 1'),
+        ('warmup_iters', a.warmup_iters >= 0, 'at least 0 (0: no warmup)'),
+        ('lr_decay_iters', a.lr_decay_iters is None or a.lr_decay_iters >= 1, 'at least 1'),
+        ('min_lr', a.min_lr is None or (finite(a.min_lr) and 0 <= a.min_lr <= a.learning_rate),
+         'a finite number between 0 and --learning_rate'),
+        ('learning_rate', finite(a.learning_rate) and a.learning_rate > 0, 'a finite number > 0'),
+        ('weight_decay', finite(a.weight_decay) and a.weight_decay >= 0, 'a finite number >= 0'),
+        ('grad_clip', finite(a.grad_clip) and a.grad_clip >= 0, 'a finite number >= 0 (0: off)'),
+        ('epochs', a.epochs is None or (finite(a.epochs) and a.epochs > 0), 'finite and > 0'),
+        ('block_size', a.epochs is None or a.block_size >= 2, '>= 2 with --epochs (stride T/2)'),
+        ('seed', 0 <= a.seed < 2 ** 63, 'between 0 and 2**63 - 1')]
+    for name, ok, want in checks:
+        if not ok:
+            return f"--{name}={getattr(args, name)} must be {want}"
+    return None

@@ -450,7 +450,7 @@ MUTATIONS = [
      ['tests/test_trust.py::test_resume_stays_on_the_runs_dataset_and_refuses_another']),
     ('splits not checked against meta.json', 'data/common.py', "        if expected is not None and expected != files[f'{split}.bin']:",
      '        if False:', ['tests/test_trust.py::test_a_kill_between_the_renames_of_a_prepare_is_refused_not_trained_on']),
-    ('nan gradient clip accepted', 'train.py', "('grad_clip', finite(a.grad_clip) and a.grad_clip >= 0,",
+    ('nan gradient clip accepted', 'lab/configs.py', "('grad_clip', finite(a.grad_clip) and a.grad_clip >= 0,",
      "('grad_clip', True,", ['tests/test_trust.py::test_train_flags_that_would_change_what_is_trained_are_refused']),
     ('download keeps an unverified file', 'data/common.py', '            verify(tmp)\n', '            pass\n',
      ['tests/test_download.py']),
