@@ -19,6 +19,7 @@ REBUILT = {
     'figures/atlas': "python -m lab.atlas 'figures/atlas/runs/*' --fig_dir=figures/atlas",
     'figures/atlas_gpt2': "python -m lab.atlas --init=gpt2 'figures/atlas_gpt2/runs/*' --fig_dir=figures/atlas_gpt2",
     'figures/atlas_untied': "python -m lab.atlas 'figures/atlas_untied/runs/*' --fig_dir=figures/atlas_untied",
+    'figures/gate': "python plot_norms.py 'figures/gate/runs/*' --fig_dir=figures/gate",
     'figures/laptop_10k': "python -m lab.norm_course 'figures/laptop_10k/runs/*' --fig_dir=figures/laptop_10k",
 }
 TOOLS = {'lab.atlas': atlas.main, 'lab.norm_course': norm_course.main, 'plot_norms.py': plot_norms.main}
@@ -34,6 +35,9 @@ LOGLESS = [
     'figures/laptop_long_paired/paired.csv', 'figures/laptop_long_paired/table.csv',
     'figures/laptop_long_paired/table.md',
     'figures/matched_depth/matched_depth.csv', 'figures/matched_depth/matched_depth.md',
+    'figures/gate/exit_rmsnorm/matched_depth.csv', 'figures/gate/exit_rmsnorm/matched_depth.md',
+    'figures/gate/exit_raw/matched_depth.csv', 'figures/gate/exit_raw/matched_depth.md',
+    'figures/gate/exit_against/matched_depth.csv', 'figures/gate/exit_against/matched_depth.md',
 ]
 
 
