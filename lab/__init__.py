@@ -3,7 +3,7 @@ The lab: everything around the model that the paper's measurements need. The mod
 loop train.py, at the repository's root; the tools here run from the root as `python -m lab.<tool>`.
 
     configs        the named configurations of train.py --config; its model flags, their help and run names from
-                   LoopedConfig
+                   LoopedConfig; the checks of its other flags
     engine         generation: the KV cache per layer and loop, per-sequence early exit, the exit rules
     runs           the run folder (log, checkpoint, lock, resume), loading a checkpoint, the names of runs
     runtime        device, dtype and compile (resolve_device), MFU, the torchrun process group
