@@ -470,6 +470,29 @@ def plot_lemma(table, K, title, path):
     return save_figure(fig, path)
 
 
+PRECISIONS = ('float32', 'bf16_state', 'bf16_autocast')
+
+
+@torch.no_grad()
+def precision_losses(model, x, y, K, batch_size=32):
+    """The precision hazard: validation loss at depths K and 2K measured three ways, {mode: [loss at K,
+    loss at 2K]}: float32; 'bf16_state', the state rounded to bf16 after every pass (as a bf16 state would be
+    stored and carried, read out from the rounded value); 'bf16_autocast', the whole forward under bf16
+    autocast (the matrix products in bf16, the residual stream as autocast keeps it). A large state keeps
+    its absolute rounding error large while each later pass changes it little."""
+    device = x.device.type
+    sums = {mode: torch.zeros(2) for mode in PRECISIONS}
+    for i in range(0, len(x), batch_size):
+        xb, yb = x[i:i + batch_size], y[i:i + batch_size]
+        for mode in PRECISIONS:
+            rounding = (lambda k, h_in, h, e: (h.bfloat16().to(h.dtype), e)) if mode == 'bf16_state' else None
+            with torch.autocast(device, dtype=torch.bfloat16, enabled=mode == 'bf16_autocast'):
+                for k, h in model.loops(model.embed(xb), 2 * K, edit=rounding):
+                    if k in (K, 2 * K):  # weighted by the batch's windows: the last batch may be smaller
+                        sums[mode][k // K - 1] += len(xb) * model.exit_loss(h, k, yb)[1].float().item()
+    return {mode: (total / len(x)).tolist() for mode, total in sums.items()}
+
+
 def val_tokens(ckpt, dataset=None, name='the checkpoint'):
     """The validation split, as a uint16 array, of the dataset a checkpoint was trained on: the folder its data
     identity names (an absolute path, so it does not depend on where this runs), or the one given; either way
@@ -496,8 +519,9 @@ def fmt_row(label, values, f='8.3f'):
 def get_parser():
     p = tool_parser(PROG, __doc__)
     p.add_argument('--out_dir', default='out/laptop', help='the run folder that holds ckpt.pt')
-    p.add_argument('--only', default='all', choices=['all', 'depth', 'exit', 'scale', 'gate', 'lemma'],
-                   help="gate: the exit gate's weight against what it reads (runs with --supervision=gated)")
+    p.add_argument('--only', default='all', choices=['all', 'depth', 'exit', 'scale', 'gate', 'lemma', 'precision'],
+                   help="gate: the exit gate's weight against what it reads (runs with --supervision=gated); "
+                        "precision: the loss at K and 2K in float32 against a bf16 state and bf16 autocast")
     p.add_argument('--max_windows', type=int, default=None, help='cap on validation windows for depth and exit')
     p.add_argument('--diag_windows', type=int, default=32, help='validation windows for the scale diagnostics')
     p.add_argument('--lemma_loops', type=int, default=30, help='loops run by the lemma check')
@@ -624,6 +648,16 @@ def print_clamps(model, x, y, K):
           f"loop frozen at loop 1's norm, {ppl['remove_radial']:.3f} with the radial part of every update removed")
 
 
+def print_precision(model, x, y, K):
+    losses = precision_losses(model, x, y, K)
+    print(f"\nprecision: validation loss at depth {K} and {2 * K} ({len(x)} windows), float32 against the "
+          "state rounded to bf16 after every pass and against bf16 autocast (difference from float32)")
+    print(f"{'':>14} {'depth ' + str(K):>10} {'depth ' + str(2 * K):>10} {'diff K':>8} {'diff 2K':>8}")
+    base = losses['float32']
+    for mode, (at_k, at_2k) in losses.items():
+        print(f"{mode:>14} {at_k:10.4f} {at_2k:10.4f} {at_k - base[0]:+8.4f} {at_2k - base[1]:+8.4f}")
+
+
 def print_lemma(model, x, K, n_loop, title, fig_path):
     """The lemma check's table over n_loop loops, and its figure."""
     table = lemma_check(model, x, n_loop)
@@ -666,6 +700,8 @@ def main(argv=None):
         if model.exit_gate is None:
             p.error(f"--only=gate: {args.out_dir} has no exit gate (not trained with --supervision=gated)")
         print_gate_alignment(model, x, K)
+    if args.only in ('all', 'precision'):
+        print_precision(model, x, y, K)
     if args.only in ('all', 'lemma'):
         title = f"{args.out_dir} ({condition_name(c.to_dict())}), step {ckpt['step']}"
         print_lemma(model, x, K, args.lemma_loops, title, fig_path)

@@ -145,6 +145,34 @@ GATE = {'per_loop + rmsnorm': CONDITIONS['per_loop + rmsnorm'], 'per_loop + raw'
         'gated + rmsnorm': ['--supervision=gated', '--readout=rmsnorm'],
         'gated + raw': ['--supervision=gated', '--readout=raw'],
         'gated + rmsnorm + gate_readout': ['--supervision=gated', '--readout=rmsnorm', '--gate_input=readout']}
+# Where the blind spot costs (python -m lab.cost --run): a factorial under the paper's init, K = 4, 1,000 steps
+# evaluated every 100, paired by seed. Stack {2, 4} layers x 128 wide x learning rate {3e-3, 1e-3} x readout
+# {rmsnorm, raw}; a norm penalty dose-response in the 4-layer 1e-3 cell (rmsnorm held fixed, so only the scale
+# moves); one-loop baselines (K = 1, the same unique layers). Its predictions, margin and families: lab/cost.py
+COST_FLAGS = ['--max_iters=1000', '--eval_interval=100', '--eval_iters=8', '--log_interval=100']
+
+
+def cost_grid():
+    """({cell name: train.py flags}, {cell name: its number of seeds}), in the order the cells are trained."""
+    grid, seeds = {}, {}
+    for n_layer in (2, 4):
+        for lr in ('3e-3', '1e-3'):
+            for readout in ('rmsnorm', 'raw'):
+                name = f"L{n_layer}-lr{lr}-K4 + {readout}"
+                grid[name] = [f'--n_layer={n_layer}', f'--learning_rate={lr}', f'--readout={readout}']
+                seeds[name] = 5 if (n_layer, lr) == (4, '1e-3') else 3  # the paper-like cell: 5
+    for lam in ('0.001', '0.01', '0.1'):
+        name = f"L4-lr1e-3-K4 + rmsnorm + pen{lam}"
+        grid[name] = ['--n_layer=4', '--learning_rate=1e-3', '--readout=rmsnorm', f'--norm_penalty={lam}']
+        seeds[name] = 3
+    for readout in ('rmsnorm', 'raw'):
+        name = f"L4-lr1e-3-K1 + {readout}"
+        grid[name] = ['--n_layer=4', '--learning_rate=1e-3', f'--readout={readout}', '--n_loop=1']
+        seeds[name] = 3
+    return {name: flags + COST_FLAGS for name, flags in grid.items()}, seeds
+
+
+COST, COST_SEEDS = cost_grid()
 # The named grids (plot_norms.py --grid): each a fixed list of conditions, so adding a design changes none of them
 GRIDS = {'paper': dict(CONDITIONS), 'claim4': {n: CONDITIONS[n] for n in CLAIM4}, 'atlas': ATLAS,
          'readouts': {n: CONDITIONS[n] for n in ('per_loop + rmsnorm', 'per_loop + raw')}, 'gate': GATE}
@@ -269,13 +297,16 @@ def grid_of(config, grid=None):
     return grid if isinstance(grid, dict) else GRIDS[grid or DEFAULT_GRID.get(config, 'paper')]
 
 
-def run_grid(config, seeds, out_root, extra, names=None, grid=None, prog='plot_norms.py'):
+def run_grid(config, seeds, out_root, extra, names=None, grid=None, prog='plot_norms.py', max_seed=None,
+             after=None):
     """Train every condition of the grid (or those named) for every seed, one after another; reuse finished runs,
     resume interrupted ones. Seed by seed: whatever is finished when the grid is stopped is a complete set of pairs.
-    prog: the command that runs it, for its one-line messages."""
+    prog: the command that runs it, for its one-line messages; max_seed: {condition: its last seed} where a
+    condition has fewer seeds than the others; after(folder): called on every finished run, reused or new."""
     folders, t0, trained, train_s = [], time.time(), 0, 0.0
     conditions = grid_of(config, grid)
-    jobs = [(name, conditions[name], seed) for seed in seeds for name in names or conditions]
+    jobs = [(name, conditions[name], seed) for seed in seeds for name in names or conditions
+            if max_seed is None or seed <= max_seed.get(name, seed)]
     for i, (name, flags, seed) in enumerate(jobs):
         folder = os.path.join(out_root, config, slug(name) + f"-seed{seed}")
         folders.append(folder)
@@ -294,6 +325,8 @@ def run_grid(config, seeds, out_root, extra, names=None, grid=None, prog='plot_n
                 done = False
             if done:
                 print(f"[{i + 1}/{len(jobs)}] {folder}: finished earlier, reused")
+                if after is not None:
+                    after(folder)
                 continue
             cmd.append('--resume')
             state = 'resumed'
@@ -317,5 +350,7 @@ def run_grid(config, seeds, out_root, extra, names=None, grid=None, prog='plot_n
             sys.exit(128 + signals[0])
         if returncode != 0:
             sys.exit(f"{prog}: error: the run for {name} (seed {seed}) failed: {last}")
+        if after is not None:
+            after(folder)
     print(f"grid done in {(time.time() - t0) / 60:.1f} min")
     return folders

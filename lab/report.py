@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from data.common import check_writable, write_atomically
 from lab import runs
@@ -134,9 +135,27 @@ def run_main(main, prog):
 
 # ---- train.py's printed lines: the eval line (with what each design that is on has learned) and the progress line
 
+def state_turn(model, x, n_loop):
+    """Per loop k = 1..n_loop, the mean over tokens of the angle in degrees between h_{k-1} and h_k
+    (h_0: the embedding): how far each loop turns the state. The paper's mechanism: a pass adds an
+    update of roughly fixed size, so the larger ||h||, the smaller the turn and the less a later loop
+    can change the prediction."""
+    turns, h_prev = [], model.embed(x)
+    for _, h in model.loops(h_prev, n_loop):
+        u, v = F.normalize(h_prev.float(), dim=-1), F.normalize(h.float(), dim=-1)
+        angle = 2 * torch.atan2((u - v).norm(dim=-1), (u + v).norm(dim=-1))  # acos(<u, v>), exact near 0
+        turns.append(round(torch.rad2deg(angle).mean().item(), 4))
+        h_prev = h
+    return turns
+
+
 def design_values(model, batch, ctx):
-    """What the designs that are on have learned or estimate, for the log and the eval line."""
-    values = {}
+    """What the designs that are on have learned or estimate, for the log and the eval line; and
+    for every run the turn of the state at each loop 1..2K (state_turn), for the log alone."""
+    model.eval()
+    with torch.no_grad(), ctx:
+        values = {'turn': state_turn(model, batch[0], 2 * model.config.n_loop)}
+    model.train()
     if model.config.readout == 'alpha':  # how much scale the readout has chosen to see
         values['alpha'] = model.readout.norm.alpha().item()
     if model.diagonal is not None:  # Parcae's per-channel decay of the carried state
