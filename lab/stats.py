@@ -63,6 +63,63 @@ def paired_stats(diffs, level=LEVEL):
     return {'n': n, 'df': n - 1, 'mean': mean, 'se': se, 'lo': mean - t * se, 'hi': mean + t * se, 't': t}
 
 
+def p_value(t, df):
+    """Two-sided p-value of a t statistic with df degrees of freedom."""
+    return 2 * (1 - t_cdf(abs(t), df)) if math.isfinite(t) else math.nan
+
+
+def holm(p_values):
+    """Holm's step-down adjustment of a family's p-values, in their order: the k-th smallest of m is multiplied
+    by m - k + 1, and each adjusted value is at least the one before it (so the family's chance of any false
+    'lower' or 'higher' stays below the level). nan (no test) stays nan and does not count in m."""
+    p = np.asarray(p_values, dtype=float)
+    tested = np.flatnonzero(np.isfinite(p))
+    adjusted, running, m = np.full(len(p), np.nan), 0.0, len(tested)
+    for rank, i in enumerate(tested[np.argsort(p[tested], kind='stable')]):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        adjusted[i] = running
+    return adjusted.tolist()
+
+
+def paired_test(diffs, margin):
+    """Paired tests of one comparison's seed-by-seed differences (1-D): the mean, the sample SD (ddof 1), the
+    95% t interval, the two-sided p of 'the mean is 0', and TOST's p of 'the mean lies outside +-margin' (the
+    larger of the two one-sided p-values: below 0.05 means equivalent within the margin at that level)."""
+    d = np.asarray(diffs, dtype=float)
+    stats = paired_stats(d[:, None])
+    n, mean = stats['n'], float(stats['mean'][0])
+    out = {'n': n, 'mean': mean, 'sd': float(d.std(ddof=1)) if n > 1 else math.nan,
+           'lo': float(stats['lo'][0]), 'hi': float(stats['hi'][0]), 'p': math.nan, 'p_tost': math.nan}
+    se = float(stats['se'][0])
+    if n > 1 and se > 0:
+        out['p'] = p_value(mean / se, n - 1)
+        below = 1 - t_cdf((mean + margin) / se, n - 1)  # H0: mean <= -margin
+        above = t_cdf((mean - margin) / se, n - 1)      # H0: mean >= +margin
+        out['p_tost'] = max(below, above)
+    return out
+
+
+VERDICTS = ('lower', 'higher', 'equivalent within +-{m}', 'not resolved')  # the one vocabulary
+
+
+def family_verdicts(tests, margin, alpha=0.05):
+    """Verdicts for one family of paired_test results (a list), Holm-adjusted over the family: each test gets
+    'p_holm' and 'p_tost_holm' and a 'verdict': 'equivalent within +-margin' where the adjusted TOST p is
+    below alpha (a difference too small to matter, whatever its sign), else 'lower' or 'higher' where the
+    adjusted p is, else 'not resolved' (the interval allows a difference of either sign or beyond the margin:
+    no difference shown, which is not no cost)."""
+    p_holm, tost_holm = holm([t['p'] for t in tests]), holm([t['p_tost'] for t in tests])
+    for test, p, p_tost in zip(tests, p_holm, tost_holm):
+        test['p_holm'], test['p_tost_holm'] = p, p_tost
+        if p_tost < alpha:
+            test['verdict'] = f"equivalent within +-{margin:g}"
+        elif p < alpha:
+            test['verdict'] = 'lower' if test['mean'] < 0 else 'higher'
+        else:
+            test['verdict'] = 'not resolved'
+    return tests
+
+
 def verdict(lo, hi, reference):
     """The words for one interval of (condition minus reference) loss; the README quotes these, so no verdict is
     ever written by hand."""

@@ -85,3 +85,40 @@ def test_paired_stats_below_two_pairs_give_no_interval():
     assert stats.verdict(result['lo'][0], result['hi'][0], 'x') == 'no interval (fewer than 2 pairs)'
     assert stats.verdict(0.1, 0.2, 'x') == 'higher than x'
     assert stats.verdict(-0.1, 0.2, 'x') == 'no difference shown'
+
+
+def test_holm_adjusts_a_family_as_computed_by_hand():
+    # sorted: 0.005 x 4 = 0.02, 0.01 x 3 = 0.03, 0.03 x 2 = 0.06, 0.04 x 1 = 0.04 -> raised to 0.06 (monotone)
+    assert stats.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert stats.holm([0.2, 0.9]) == pytest.approx([0.4, 0.9])  # capped at 1 only above it
+    assert stats.holm([0.6, 0.7]) == pytest.approx([1.0, 1.0])
+    adjusted = stats.holm([0.01, math.nan, 0.02])  # an untested comparison does not count in m
+    assert adjusted[0] == pytest.approx(0.02) and math.isnan(adjusted[1]) and adjusted[2] == pytest.approx(0.02)
+
+
+def test_tost_and_the_two_sided_p_match_the_t_distribution_by_hand():
+    # df = 2 has a closed form: P(T > t) = (1 - t / sqrt(t^2 + 2)) / 2
+    tail = lambda t: (1 - t / math.sqrt(t * t + 2)) / 2
+    d = [0.001, -0.003, 0.002]  # mean 0, sd sqrt(7e-6), se sd / sqrt(3)
+    se = math.sqrt(7e-6 / 3)
+    test = stats.paired_test(d, 0.02)
+    assert test['sd'] == pytest.approx(math.sqrt(7e-6)) and test['p'] == pytest.approx(1.0)
+    assert test['p_tost'] == pytest.approx(tail(0.02 / se), rel=1e-4)
+    d = [0.10, 0.12, 0.11]  # mean 0.11, sd 0.01
+    test = stats.paired_test(d, 0.02)
+    t = 0.11 / (0.01 / math.sqrt(3))
+    assert test['sd'] == pytest.approx(0.01) and test['p'] == pytest.approx(2 * tail(t), rel=1e-4)
+    assert test['p_tost'] == pytest.approx(1 - tail((0.11 - 0.02) / (0.01 / math.sqrt(3))), rel=1e-4)
+    assert (test['lo'], test['hi']) == pytest.approx((0.11 - 4.303 * 0.01 / math.sqrt(3),
+                                                      0.11 + 4.303 * 0.01 / math.sqrt(3)), abs=1e-4)
+
+
+def test_family_verdicts_use_the_one_vocabulary_after_holm():
+    tests = [stats.paired_test(d, 0.02) for d in ([0.10, 0.12, 0.11], [-0.10, -0.12, -0.11],
+                                                   [0.001, -0.003, 0.002], [0.05, -0.08, 0.2])]
+    verdicts = [t['verdict'] for t in stats.family_verdicts(tests, 0.02)]
+    assert verdicts == ['higher', 'lower', 'equivalent within +-0.02', 'not resolved']
+    # alone, p = 0.0027 would pass; among 40 such tests Holm multiplies it past 0.05
+    family = stats.family_verdicts([stats.paired_test([0.10, 0.12, 0.11], 0.02) for _ in range(40)], 0.02)
+    assert {t['verdict'] for t in family} == {'not resolved'}
+    assert family[0]['p_holm'] == pytest.approx(min(1, 40 * family[0]['p']))
