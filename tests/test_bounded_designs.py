@@ -246,3 +246,23 @@ def test_a_deepnorm_run_trains_and_keeps_its_norm_at_sqrt_d(small_data, tmp_path
         last = [json.loads(line) for line in f][-1]
     # every gain starts at 1 and barely moves in 2 steps: ||h_k|| = sqrt(16) = 4
     assert all(abs(n - 4.0) < 0.1 for n in last['hidden_norm']), last['hidden_norm']
+
+
+def test_the_decays_mean_min_and_max_are_logged_and_shown_in_their_places():
+    """At init every channel decays alike, so the eval line's test above cannot tell mean, min and max apart:
+    here the channels differ and each number must land in its own place."""
+    from contextlib import nullcontext
+    from types import SimpleNamespace
+    from lab.report import Report, design_values
+    model = tiny(injection='diagonal')
+    with torch.no_grad():
+        model.diagonal.A_log.copy_(torch.linspace(-2.0, 2.0, 16))  # decay exp(-Delta e^A) spread over (0, 1)
+    decay = model.diagonal.coefficients()[1]
+    values = design_values(model, tokens(), nullcontext())
+    assert values['decay'] == pytest.approx([decay.mean().item(), decay.min().item(), decay.max().item()])
+    assert values['decay'][1] < values['decay'][0] < values['decay'][2]
+    report = Report.__new__(Report)  # eval_line reads only the job's K
+    report.job = SimpleNamespace(config=model.config)
+    record = {'step': 0, 'val_loss': [1.0] * 6, 'hidden_norm': [1.0] * 6, **values}
+    shown = ' '.join(f'{v:.3f}' for v in values['decay'])
+    assert f"decay mean {shown.split()[0]} min {shown.split()[1]} max {shown.split()[2]}" in report.eval_line(record)

@@ -31,8 +31,11 @@ def assert_same_weights(out):
     assert not differ, differ
 
 
-def test_two_processes_stay_in_sync_and_resume(small_data, tmp_path):
-    out = torchrun(small_data, tmp_path, '--max_iters=4')
+def test_two_processes_stay_in_sync_and_resume_under_gated_supervision(small_data, tmp_path):
+    """Gated supervision, whose last gate has no effect on the loss (p_K is the mass left): data parallel must
+    still train it, in step, and resume it (plain per-loop supervision: the default-flags test below)."""
+    out = torchrun(small_data, tmp_path, '--max_iters=4', '--supervision=gated')
+    assert 'exit p ' in out
     assert 'data parallel: 2 processes (gloo)' in out
     assert 'weights identical on all 2 processes: True' in out
     assert_same_weights(tmp_path)

@@ -124,20 +124,30 @@ def test_a_gate_that_never_fires_generates_the_plain_generates_tokens():
         assert torch.equal(got, want) and bool((depth == 3).all()), cache
 
 
-def test_each_sequence_exits_where_its_own_cumulative_exit_probability_reaches_the_threshold():
-    model = tiny(supervision='gated', seed=3).eval()
+@pytest.mark.parametrize('cache', [None, 'empty'], ids=['recomputed', 'from_an_empty_cache'])
+@pytest.mark.parametrize('design', [{}, {'n_coda': 1, 'gate_input': 'readout'}], ids=['raw_gate', 'coda_readout_gate'])
+def test_each_sequence_exits_where_its_own_cumulative_exit_probability_reaches_the_threshold(design, cache,
+                                                                                              monkeypatch):
+    """Also with a coda and a gate on the head's input (the gate then runs the coda over the whole window, through
+    the cache when there is one): the engine's gate logits and exit loops are the hand computation's."""
+    model = tiny(supervision='gated', seed=3, **design).eval()
+    logits, next_gate = [], engine.next_gate
+    monkeypatch.setattr(engine, 'next_gate', lambda *a, **k: logits.append(next_gate(*a, **k)) or logits[-1])
     with torch.no_grad():  # lambda from 0.2 to 0.6: some sequences exit at loop 1, some only once two add up
         model.exit_gate.weight.copy_(torch.randn(1, 16, generator=torch.Generator().manual_seed(0)) * 0.3)
         model.exit_gate.bias.fill_(-0.6)
     window = torch.randint(11, (6, 8), generator=torch.Generator().manual_seed(2))
-    _, depth = engine.next_logprobs(model, window, 3, 'gate', 0.5)
+    kv = engine.KVCache(model.config.block_size) if cache else None
+    _, depth = engine.next_logprobs(model, window, 3, 'gate', 0.5, kv)
     with torch.no_grad():  # by hand: the first loop whose 1 - prod (1 - lambda_j) reaches 0.5, else K
-        stay, want = torch.ones(6), torch.full((6,), 3)
+        stay, want, hand = torch.ones(6), torch.full((6,), 3), []
         for k, h in model.loops(model.embed(window), 3):
-            stay = stay * (1 - torch.sigmoid(model.gate_logit(h, k)[:, -1]))
+            hand.append(model.gate_logit(h, k)[:, -1])
+            stay = stay * (1 - torch.sigmoid(hand[-1]))
             fresh = (1 - stay >= 0.5) & (want == 3) & (k < 3)
             want[fresh] = k
     assert torch.equal(depth, want) and set(depth.tolist()) == {1, 2, 3}, (depth, want)
+    assert len(logits) >= 2 and all(torch.allclose(a, b, atol=1e-5) for a, b in zip(logits, hand)), (logits, hand)
 
 
 def test_the_gate_rule_on_a_model_without_a_gate_is_one_line(small_data, tmp_path):

@@ -165,3 +165,15 @@ def test_a_prefill_runs_every_loop_whatever_the_exit_rule():
     for key, (keys, values) in full.kv.items():
         assert torch.equal(early.kv[key][0][:, :, :9], keys[:, :, :9]), key
         assert torch.equal(early.kv[key][1][:, :, :9], values[:, :, :9]), key
+
+
+def test_the_plain_generate_reads_only_its_window_of_a_prompt_longer_than_block_size(monkeypatch):
+    """A prompt longer than block_size: the first token comes from its last block_size tokens; once that window
+    is over full, the next restarts from its newest half (the rule the engine's cache keeps)."""
+    model, block = tiny(), BASE['block_size']
+    prompt, windows, forward = prompts(B=2, T=block + 3), [], model.forward
+    monkeypatch.setattr(model, 'forward', lambda idx, *a, **k: windows.append(idx) or forward(idx, *a, **k))
+    out = model.generate(prompt, 2, top_k=1)
+    assert torch.equal(out[:, :-2], prompt) and len(windows) == 2
+    assert torch.equal(windows[0], prompt[:, -block:])
+    assert torch.equal(windows[1], out[:, -(block // 2) - 1:-1])
