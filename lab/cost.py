@@ -18,10 +18,15 @@ measurement.
 """
 
 import json
+import math
 import os
 
-from lab.grid import COST, COST_SEEDS, LogError, load_run, run_grid
-from lab.report import fail, run_main, runs_flags, split_flags, tool_parser, write_text
+import numpy as np
+
+from lab.grid import COST, COST_SEEDS, LogError, load_runs, run_grid
+from lab.report import (check_destination, fail, markdown, run_main, runs_flags, split_flags, tool_parser,
+                        write_text)
+from lab.stats import family_verdicts, paired_test
 
 PROG = 'python -m lab.cost'
 
@@ -69,6 +74,15 @@ PREDICTIONS = {
                  'than 0.02 under both readouts; at 2K rmsnorm moves more than raw, still within the margin',
 }
 
+# The same predictions, cut to the words each table's row is checked against
+SHORT = {'cost L2-lr3e-3': 'lower (about -0.05)', 'cost L2-lr1e-3': 'below +0.02',
+         'cost L4-lr3e-3': 'higher (about +0.05)', 'cost L4-lr1e-3': 'higher (about +0.10)',
+         'interaction depth': 'above 0 (about +0.1)', 'interaction rate': 'above 0, below the stack\'s',
+         'interaction depth x rate': 'not resolved', 'penalty 0.001': 'lower or not resolved',
+         'penalty 0.01': 'lower', 'penalty 0.1': 'lower, half the gap to raw closed',
+         'one loop raw': 'lower, by more than 0.1', 'one loop rmsnorm': 'above -0.02',
+         'precision': 'equivalent within +-0.02'}
+
 PRECISION_WINDOWS = 64  # validation windows of block_size tokens each precision.json is measured on
 
 
@@ -90,11 +104,194 @@ def measure_precision(folder):
     print(f"{path}: " + ', '.join(f"{mode} {v[0]:.4f} / {v[1]:.4f}" for mode, v in losses.items()), flush=True)
 
 
+# ---- reading the grid back: cells, pairs, tests
+
+def cell_of(run):
+    """The grid's cell name of a run, from its log's config: 'L4-lr1e-3-K4 + rmsnorm + pen0.01'."""
+    m = run['config']['model']
+    lr = f"{run['config']['learning_rate']:.0e}".replace('e-0', 'e-')  # 0.001 -> '1e-3'
+    name = f"L{m['n_layer']}-lr{lr}-K{m['n_loop']} + {m['readout']}"
+    return name + (f" + pen{m['norm_penalty']:g}" if m['norm_penalty'] else '')
+
+
+def last(run):
+    return run['records'][-1]
+
+
+def by_cell(runs):
+    """{cell: {seed: run}} of the grid's runs that reached the grid's last step; a run still short of it is left
+    out (returned as a note), so no mean mixes training lengths."""
+    cells, notes = {}, []
+    for run in runs:
+        want = run['config']['max_iters']
+        if last(run)['step'] < want:
+            notes.append(f"{run['folder']} at step {last(run)['step']} of {want}: left out")
+            continue
+        cells.setdefault(cell_of(run), {})[run['config']['seed']] = run
+    return cells, notes
+
+
+def loss_at(run, depth):
+    """Validation loss at exit depth 1..2K at the last evaluation."""
+    return last(run)['val_loss'][depth - 1]
+
+
+def paired(cells, a, b, value_a, value_b=None):
+    """Seed-by-seed differences value_a(run of a) - value_b(run of b), over the seeds both cells have."""
+    value_b = value_b or value_a
+    seeds = sorted(set(cells.get(a, {})) & set(cells.get(b, {})))
+    return seeds, [value_a(cells[a][s]) - value_b(cells[b][s]) for s in seeds]
+
+
+def test_row(label, seeds, diffs, prediction):
+    test = paired_test(diffs, MARGIN) if len(diffs) > 1 else {'n': len(diffs), 'mean': math.nan, 'sd': math.nan,
+                                                              'lo': math.nan, 'hi': math.nan, 'p': math.nan,
+                                                              'p_tost': math.nan}
+    return {'label': label, 'seeds': seeds, 'prediction': prediction, **test}
+
+
+def fmt(v, f='+.3f'):
+    return 'n/a' if not math.isfinite(v) else format(round(v, 4) + 0.0, f)
+
+
+def family_table(rows, what):
+    """Holm over the family, then one markdown table: the comparison, its pairs, the mean difference with its
+    sample SD (ddof 1) and 95% t interval, the adjusted p and TOST p, the verdict and the prediction."""
+    family_verdicts([r for r in rows if r['n'] > 1], MARGIN, ALPHA)
+    header = ['comparison', 'seeds', f'{what}: mean', 'SD (ddof 1)', '95% t interval', 'p (Holm)',
+              f'TOST p at +-{MARGIN:g} (Holm)', 'verdict', 'predicted']
+    body = [[r['label'], ' '.join(map(str, r['seeds'])), fmt(r['mean']), fmt(r['sd'], '.3f'),
+             f"[{fmt(r['lo'])}, {fmt(r['hi'])}]", fmt(r.get('p_holm', math.nan), '.4f'),
+             fmt(r.get('p_tost_holm', math.nan), '.4f'), r.get('verdict', 'too few pairs'), r['prediction']]
+            for r in rows]
+    return markdown(header, body)
+
+
+FACTORIAL = [(L, lr) for L in (2, 4) for lr in ('3e-3', '1e-3')]
+
+
+def cost_rows(cells):
+    rows = []
+    for L, lr in FACTORIAL:
+        a, b = f"L{L}-lr{lr}-K4 + rmsnorm", f"L{L}-lr{lr}-K4 + raw"
+        seeds, d = paired(cells, a, b, lambda r: loss_at(r, 4))
+        rows.append(test_row(f"{L} layers, lr {lr}: rmsnorm - raw at depth 4", seeds, d,
+                             SHORT[f"cost L{L}-lr{lr}"]))
+    return rows
+
+
+def interaction_rows(cells):
+    """Per seed, the cost (rmsnorm - raw at depth 4) of each factorial cell, combined into the change with the
+    stack, with the rate and their interaction; the seeds every cell has."""
+    costs = {}
+    for L, lr in FACTORIAL:
+        seeds, d = paired(cells, f"L{L}-lr{lr}-K4 + rmsnorm", f"L{L}-lr{lr}-K4 + raw", lambda r: loss_at(r, 4))
+        costs[L, lr] = dict(zip(seeds, d))
+    seeds = sorted(set.intersection(*(set(c) for c in costs.values())))
+    c = lambda L, lr, s: costs[L, lr][s]
+    depth = [(c(4, '3e-3', s) + c(4, '1e-3', s) - c(2, '3e-3', s) - c(2, '1e-3', s)) / 2 for s in seeds]
+    rate = [(c(2, '1e-3', s) + c(4, '1e-3', s) - c(2, '3e-3', s) - c(4, '3e-3', s)) / 2 for s in seeds]
+    both = [(c(4, '1e-3', s) - c(2, '1e-3', s)) - (c(4, '3e-3', s) - c(2, '3e-3', s)) for s in seeds]
+    return [test_row('the cost, 4 layers - 2 (mean over the rates)', seeds, depth, SHORT['interaction depth']),
+            test_row('the cost, lr 1e-3 - 3e-3 (mean over the stacks)', seeds, rate, SHORT['interaction rate']),
+            test_row('stack x rate: (4 - 2 layers at 1e-3) - (4 - 2 at 3e-3)', seeds, both,
+                     SHORT['interaction depth x rate'])]
+
+
+def penalty_rows(cells):
+    base = 'L4-lr1e-3-K4 + rmsnorm'
+    rows = []
+    for lam in ('0.001', '0.01', '0.1'):
+        seeds, d = paired(cells, f"{base} + pen{lam}", base, lambda r: loss_at(r, 4))
+        rows.append(test_row(f"rmsnorm + penalty {lam} - rmsnorm at depth 4", seeds, d, SHORT[f'penalty {lam}']))
+    return rows
+
+
+def one_loop_rows(cells):
+    rows = []
+    for readout in ('raw', 'rmsnorm'):
+        seeds, d = paired(cells, f"L4-lr1e-3-K4 + {readout}", f"L4-lr1e-3-K1 + {readout}",
+                          lambda r: loss_at(r, 4), lambda r: loss_at(r, 1))
+        rows.append(test_row(f"{readout}: K = 4 at depth 4 - K = 1", seeds, d, SHORT[f'one loop {readout}']))
+    return rows
+
+
+def mean_sd(values, f='.3f'):
+    v = np.asarray(values, dtype=float)
+    return format(v.mean(), f) + (f" ± {v.std(ddof=1):{f}}" if len(v) > 1 else '')
+
+
+def mechanism_table(cells):
+    """Per cell: ||h_K||, the loss at K, the per-loop gain L_{k-1} - L_k at loops 2..K, the turn of the state at
+    loops 1..K (degrees), and the useful loops (of loops 2..K, those whose gain exceeds the margin), each the mean
+    over seeds (± the sample SD where given)."""
+    header = ['cell', 'seeds', '‖h_K‖', 'loss at K', 'gain at loops 2..K', 'turn at loops 1..K (deg)',
+              f'useful loops (gain > {MARGIN:g})']
+    rows = []
+    for name in [n for n in COST if n in cells]:
+        runs = [cells[name][s] for s in sorted(cells[name])]
+        K = runs[0]['K']
+        loss = np.array([last(r)['val_loss'][:K] for r in runs])      # (seeds, K)
+        gains = loss[:, :-1] - loss[:, 1:]                               # (seeds, K - 1)
+        turns = np.array([last(r)['turn'][:K] for r in runs])
+        useful = (gains > MARGIN).sum(axis=1)
+        rows.append([name, len(runs), mean_sd([last(r)['hidden_norm'][K - 1] for r in runs], '.1f'),
+                     mean_sd(loss[:, -1]), ' '.join(f"{g:+.3f}" for g in gains.mean(0)) or '-',
+                     ' '.join(f"{t:.1f}" for t in turns.mean(0)), mean_sd(useful, '.1f') if K > 1 else '-'])
+    return markdown(header, rows)
+
+
+def precision_rows(runs):
+    """bf16 - float32 over the factorial's K = 4 checkpoints, per readout, bf16 mode and depth (K, 2K)."""
+    records = {}
+    for run in runs:
+        path = os.path.join(run['folder'], 'precision.json')
+        m = run['config']['model']
+        if os.path.exists(path) and m['n_loop'] == 4 and not m['norm_penalty']:
+            with open(path) as f:
+                records.setdefault(m['readout'], []).append((os.path.basename(run['folder']), json.load(f)))
+    rows = []
+    for readout in ('rmsnorm', 'raw'):
+        found = sorted(records.get(readout, []))
+        for mode in ('bf16_state', 'bf16_autocast'):
+            for i, depth in enumerate(('K', '2K')):
+                d = [rec[mode][i] - rec['float32'][i] for _, rec in found]
+                rows.append(test_row(f"{readout}, {mode} - float32 at depth {depth}", [len(found)], d,
+                                     SHORT['precision']))
+    return rows
+
+
+def tables(runs):
+    """The cost grid's tables as one markdown text, each family under its question."""
+    cells, notes = by_cell(runs)
+    predictions = '\n'.join(f"- {name}: {text}" for name, text in PREDICTIONS.items())
+    parts = [f"# Where the blind spot costs: the cost grid's tables\n\nThe predictions, committed before any "
+             f"run (lab/cost.py PREDICTIONS):\n\n{predictions}\n\nMargin +-{MARGIN:g} nats; Holm's correction "
+             f"within each family at {ALPHA:g}; SD is the sample SD (ddof 1) of the seed-by-seed differences; "
+             "'seeds' lists the pairs. Verdicts: equivalent within the margin where TOST passes, else lower or "
+             "higher where the two-sided test passes, else not resolved."]
+    sections = [('Does the blind spot cost? (family: cost)', cost_rows(cells), 'rmsnorm - raw'),
+                ('What turns it on? (family: interactions)', interaction_rows(cells), 'change of the cost'),
+                ('The scale alone: the penalty dose-response (family: penalty)', penalty_rows(cells),
+                 'penalty - none'),
+                ('Does looping help at all? (family: one loop)', one_loop_rows(cells), 'K = 4 - K = 1'),
+                ('The precision hazard (family: precision; seeds: the number of checkpoints)',
+                 precision_rows([r for s in cells.values() for r in s.values()]), 'bf16 - float32')]
+    for title, rows, what in sections:
+        parts.append(f"## {title}\n\n{family_table(rows, what)}")
+    parts.append("## The mechanism: each loop's gain and turn\n\n" + mechanism_table(cells))
+    if notes:
+        parts.append('Left out: ' + '; '.join(notes))
+    return '\n\n'.join(parts) + '\n'
+
+
 def get_parser():
     p = tool_parser(PROG, __doc__)
     runs_flags(p, 'the cost grid', 'laptop', os.path.join('out', 'cost'), '--device=cpu')
     p.add_argument('--seeds', type=int, default=5,
                    help='--run: seeds 1..N of each cell, each cell capped at its own count (3, or 5)')
+    p.add_argument('--fig_dir', default=os.path.join('out', 'cost_figures'),
+                   help='where table.md goes (the committed figures/cost changes only when named here)')
     return p
 
 
@@ -104,14 +301,18 @@ def main(argv=None):
     extra = split_flags(p, args.train_args)
     if not args.run and not args.runs:
         p.error("name run folders to read, or pass --run to train the grid")
+    check_destination(p, os.path.join(args.fig_dir, 'table.md'), '--fig_dir')  # before hours of training
+    folders = []
     if args.run:
-        run_grid(args.config, range(1, args.seeds + 1), args.out_root, extra, grid=COST, prog=PROG,
-                 max_seed=COST_SEEDS, after=measure_precision)
+        folders = run_grid(args.config, range(1, args.seeds + 1), args.out_root, extra, grid=COST, prog=PROG,
+                           max_seed=COST_SEEDS, after=measure_precision)
     try:
-        for folder in args.runs:
-            load_run(folder)
+        runs = load_runs(args.runs, folders)
     except LogError as e:
         fail(PROG, e)
+    text = tables(runs)
+    write_text(os.path.join(args.fig_dir, 'table.md'), text)
+    print(text + f"wrote {os.path.join(args.fig_dir, 'table.md')}")
 
 
 if __name__ == '__main__':

@@ -1,0 +1,90 @@
+"""lab/cost.py: the cost grid's cells, its tables' numbers on hand-built logs whose answers are known, and its
+precision measurement on a real checkpoint."""
+
+import json
+import math
+import os
+
+import pytest
+
+from lab import cost
+from lab.grid import COST, COST_SEEDS, load_run
+from looped import LoopedConfig
+
+
+def fake_run(root, cell, seed, losses, norm=100.0, turn=2.0):
+    """A finished run folder of one cell of the grid: validation losses at depths 1..2K at its last step."""
+    flags = dict(a[2:].split('=', 1) for a in COST[cell] if not a.startswith(('--max_iters', '--eval', '--log')))
+    model = LoopedConfig(n_layer=int(flags['n_layer']), n_loop=int(flags.get('n_loop', 4)), readout=flags['readout'],
+                         norm_penalty=float(flags.get('norm_penalty', 0))).to_dict()
+    K = model['n_loop']
+    folder = root / f"{cell.replace(' + ', '-')}-seed{seed}"
+    folder.mkdir()
+    config = {'seed': seed, 'max_iters': 1000, 'learning_rate': float(flags['learning_rate']), 'model': model}
+    record = {'step': 1000, 'train_loss': losses[K - 1], 'val_loss': losses, 'hidden_norm': [norm] * (2 * K),
+              'elapsed_s': 1.0, 'turn': [turn] * (2 * K)}
+    (folder / 'log.jsonl').write_text(json.dumps({'config': config}) + '\n' + json.dumps(record) + '\n')
+    return load_run(str(folder))
+
+
+def test_the_grid_is_the_43_runs_of_its_cells():
+    assert len(COST) == 13 and sum(COST_SEEDS.values()) == 43
+    assert COST_SEEDS['L4-lr1e-3-K4 + rmsnorm'] == COST_SEEDS['L4-lr1e-3-K4 + raw'] == 5
+    for name, flags in COST.items():
+        assert '--max_iters=1000' in flags and '--eval_interval=100' in flags, name
+
+
+def test_a_runs_cell_is_read_back_from_its_log(tmp_path):
+    run = fake_run(tmp_path, 'L4-lr1e-3-K4 + rmsnorm + pen0.01', 1, [2.0] * 8)
+    assert cost.cell_of(run) == 'L4-lr1e-3-K4 + rmsnorm + pen0.01'
+    assert cost.cell_of(fake_run(tmp_path, 'L2-lr3e-3-K4 + raw', 2, [2.0] * 8)) == 'L2-lr3e-3-K4 + raw'
+
+
+def test_the_cost_its_interactions_and_the_useful_loops_match_a_hand_computation(tmp_path):
+    """Costs per seed (rmsnorm - raw at depth 4): L2 3e-3 -0.05, L2 1e-3 0.00, L4 3e-3 +0.05 and L4 1e-3
+    +0.10 + 0.01 * seed, so the stack's change is +0.10 + 0.005 * seed, the rate's +0.05 + 0.005 * seed."""
+    costs = {(2, '3e-3'): lambda s: -0.05, (2, '1e-3'): lambda s: 0.0, (4, '3e-3'): lambda s: 0.05,
+             (4, '1e-3'): lambda s: 0.10 + 0.01 * s}
+    runs = []
+    for (L, lr), c in costs.items():
+        for s in (1, 2, 3):
+            raw = [2.3, 2.2, 2.1, 2.0, 2.0, 2.0, 2.0, 2.0]  # gains 0.1 at loops 2..4: 3 useful loops
+            rms = [2.0, 2.01, 2.0 - 0.005, 2.0 + c(s)] + [2.0] * 4  # gains -0.01, +0.015, ...: at most 1 useful
+            runs += [fake_run(tmp_path, f"L{L}-lr{lr}-K4 + raw", s, raw),
+                     fake_run(tmp_path, f"L{L}-lr{lr}-K4 + rmsnorm", s, rms, norm=500.0, turn=1.5)]
+    cells, notes = cost.by_cell(runs)
+    assert not notes
+    rows = cost.cost_rows(cells)
+    assert [round(r['mean'], 6) for r in rows] == [-0.05, 0.0, 0.05, 0.12]
+    assert rows[3]['sd'] == pytest.approx(0.01) and rows[3]['seeds'] == [1, 2, 3]
+    depth, rate, both = cost.interaction_rows(cells)
+    assert depth['mean'] == pytest.approx(0.11) and depth['sd'] == pytest.approx(0.005)
+    assert rate['mean'] == pytest.approx(0.06) and both['mean'] == pytest.approx(0.02)  # 0.01 * seed
+    text = cost.mechanism_table(cells)
+    raw_row = next(line for line in text.splitlines() if line.startswith('| L4-lr1e-3-K4 + raw |'))
+    assert '+0.100 +0.100 +0.100' in raw_row and raw_row.rstrip(' |').endswith('3.0 ± 0.0')
+    rms_row = next(line for line in text.splitlines() if line.startswith('| L2-lr3e-3-K4 + rmsnorm |'))
+    assert '500.0 ± 0.0' in rms_row and '1.5 1.5 1.5 1.5' in rms_row
+
+
+def test_a_run_short_of_the_last_step_is_left_out_with_a_note(tmp_path):
+    run = fake_run(tmp_path, 'L2-lr3e-3-K4 + raw', 1, [2.0] * 8)
+    run['records'][-1]['step'] = 500
+    cells, notes = cost.by_cell([run])
+    assert not cells and 'at step 500 of 1000: left out' in notes[0]
+
+
+def test_precision_json_is_measured_once_from_a_finished_checkpoint(small_data, tmp_path):
+    import train
+    out = tmp_path / 'run'
+    train.main(['--dataset', small_data, '--out_dir', str(out), '--n_layer=1', '--n_embd=16', '--n_head=2',
+                '--n_loop=2', '--block_size=16', '--batch_size=2', '--max_iters=2', '--eval_iters=1'])
+    cost.measure_precision(str(out))
+    with open(out / 'precision.json') as f:
+        record = json.load(f)
+    assert record['step'] == 2 and record['depths'] == [2, 4]
+    assert all(len(record[m]) == 2 and all(map(math.isfinite, record[m])) for m in ('float32', 'bf16_state',
+                                                                                 'bf16_autocast'))
+    before = os.path.getmtime(out / 'precision.json')
+    cost.measure_precision(str(out))  # a second call leaves it alone
+    assert os.path.getmtime(out / 'precision.json') == before
