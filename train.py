@@ -13,9 +13,10 @@ continuing or extending a run (same flags); a warmup and nanoGPT's cosine decay;
     python train.py --decay_lr --warmup_iters=50 --lr_decay_iters=500 --min_lr=3e-4
     torchrun --standalone --nproc_per_node=2 train.py --device=cpu
 
-Elsewhere: the run folder (lab/runs.py); device, compile, DDP (lab/runtime.py); named configs,
-the model's flags (one per LoopedConfig field) and the checks of the others (lab/configs.py); the
-eval and progress lines (lab/report.py: Report); dataset checks (data/common.py).
+The laptop run's values are the defaults written below; a named --config replaces some of them
+(lab/configs.py), and a flag overrides both. Each call into the lab names its module: runs (the
+run folder: log, checkpoint, resume), runtime (device, dtype, compile, DDP), report (the eval and
+progress lines), configs (the flags' checks).
 """
 
 import argparse
@@ -31,62 +32,59 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from data import DATASETS, find_dataset
 from data.common import check_same_data, read_dataset
-from lab import configs, runs
-from lab.configs import BOOLEAN, CONFIGS, Help, add_model_flags, compile_flag, habit_error
-from lab.report import Report, design_values, one_line_errors
-from lab.runtime import (Runtime, check_replicas, compile_regions, end_distributed, grad_scaler,
-                         resolve_device, setup_distributed)
+from lab import configs, report, runs, runtime  # flags, printed lines, the run folder, the device
 from looped import LoopedConfig, LoopedGPT, sampled_depth
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description='Train a looped transformer LM.', formatter_class=Help)
-    one_line_errors(p, 'train.py')  # argparse's usage block is longer than the screen here
+    p = argparse.ArgumentParser(description='Train a looped transformer LM.',
+                                formatter_class=configs.Help)
+    report.one_line_errors(p, 'train.py')  # argparse's usage block is longer than the screen here
     add = p.add_argument
-    add('--config', default='laptop', choices=CONFIGS,
-        help='named configuration; flags override it')
-    add_model_flags(p)
-    # optimization: AdamW, constant learning rate (as in the paper) unless --decay_lr
-    unset = 'unset: the --config value'
-    add('--batch_size', type=int, help=f'sequences per micro-step (per process); {unset}')
+    add('--config', default='laptop', choices=configs.CONFIGS,
+        help='named configuration: its values replace the defaults below; flags override both')
+    configs.add_model_flags(p)  # the model's shape and variants: LoopedConfig's fields and defaults
+    # optimization: AdamW, constant learning rate (as in the paper) unless --decay_lr. The defaults
+    # here and below are the laptop run's (2 layers x 128 looped 4 times, about 3 minutes on a CPU)
+    add('--batch_size', type=int, default=16, help='sequences per micro-step (per process)')
     add('--grad_accum', type=int, default=None, help='micro-steps per optimizer step, counted over '
         'all processes (global batch = batch_size * grad_accum; under torchrun a multiple of the '
         'process count); default: one per process')
-    add('--max_iters', type=int, help='training steps in all (a resumed run continues to this '
-        f'step); {unset}')
+    add('--max_iters', type=int, default=500, help='training steps in all (a resumed run '
+        'continues to this step)')
     add('--epochs', type=float, default=None, help='train for this many epochs instead of '
         '--max_iters (an epoch: one pass over the training windows of block_size tokens at stride '
         'block_size/2, as the authors count it); unset: --max_iters decides')
-    add('--learning_rate', type=float, help='the rate after any warmup, constant unless '
-        f'--decay_lr; the paper uses 3e-4; {unset}')
+    add('--learning_rate', type=float, default=3e-3, help='the rate after any warmup, constant '
+        'unless --decay_lr; the paper uses 3e-4 on larger models')
     add('--warmup_iters', type=int, default=0, help='raise the learning rate linearly from '
         'learning_rate / warmup_iters to learning_rate over the first warmup_iters steps; 0: '
         'constant from the first step (the paper)')
-    add('--decay_lr', **BOOLEAN, default=False, help="after the warmup, nanoGPT's cosine decay "
-        'from learning_rate to min_lr at lr_decay_iters, and min_lr after it')
+    add('--decay_lr', **configs.BOOLEAN, default=False, help="after the warmup, nanoGPT's cosine "
+        'decay from learning_rate to min_lr at lr_decay_iters, and min_lr after it')
     add('--lr_decay_iters', type=int, help='where the cosine reaches min_lr; unset: max_iters')
     add('--min_lr', type=float, help='the rate the cosine ends at; unset: learning_rate / 10')
     add('--weight_decay', type=float, default=0.01, help='AdamW decoupled weight decay')
     add('--grad_clip', type=float, default=1.0, help='0 disables clipping')
     # evaluation, logging, checkpoints
-    add('--eval_interval', type=int, help='steps between evaluations (each also saves ckpt.pt); '
-        + unset)
-    add('--eval_iters', type=int, help=f'validation batches per evaluation; {unset}')
-    add('--log_interval', type=int, help=f'steps between progress lines; {unset}')
+    add('--eval_interval', type=int, default=100, help='steps between evaluations (each also '
+        'saves ckpt.pt)')
+    add('--eval_iters', type=int, default=8, help='validation batches per evaluation')
+    add('--log_interval', type=int, default=20, help='steps between progress lines')
     add('--dataset', default='shakespeare_char', help=f"one of {', '.join(DATASETS)} (folders "
         "under data/), or a path to a folder with train.bin, val.bin and meta.json")
     add('--out_dir', default=None, help='default: out/<config> plus each variant flag not at its '
         'default: out/laptop-readout_raw, out/laptop-readout_raw-pen0.01, ...')
-    add('--resume', **BOOLEAN, default=False, help='continue the run in out_dir (found by the '
-        "same flags as the run's, or named by --out_dir)")
-    add('--overwrite', **BOOLEAN, default=False, help='start afresh even if out_dir already '
-        'holds a run (its ckpt.pt and log.jsonl are replaced)')
+    add('--resume', **configs.BOOLEAN, default=False, help='continue the run in out_dir (found by '
+        "the same flags as the run's, or named by --out_dir)")
+    add('--overwrite', **configs.BOOLEAN, default=False, help='start afresh even if out_dir '
+        'already holds a run (its ckpt.pt and log.jsonl are replaced)')
     # system
     add('--device', default='auto', help='auto, cpu, cuda, cuda:N or mps')
     add('--dtype', default='auto', choices=['auto', 'float32', 'bfloat16', 'float16'],
         help='auto: bf16 on a CUDA GPU that has it, float16 with a GradScaler on one that does not '
         '(T4, V100), float32 elsewhere; float16 needs CUDA')
-    add('--compile', type=compile_flag, nargs='?', const=True, default='auto',
+    add('--compile', type=configs.compile_flag, nargs='?', const=True, default='auto',
         help='auto: on for CUDA only; True/False (the flag alone: True)')
     add('--seed', type=int, default=1337, help='initialization, dropout and batch order')
     return p
@@ -94,7 +92,7 @@ def get_parser():
 
 def parse_args(argv=None):
     """Two passes: the first finds --config, whose values then become the defaults of the second."""
-    habit = habit_error(sys.argv[1:] if argv is None else argv)
+    habit = configs.habit_error(sys.argv[1:] if argv is None else argv)
     if habit:  # a nanoGPT habit gets this repository's way, not argparse's "unrecognized arguments"
         get_parser().error(habit)
     first = argparse.ArgumentParser(add_help=False)
@@ -102,7 +100,8 @@ def parse_args(argv=None):
         first.add_argument(name)
     known, _ = first.parse_known_args(argv)
     parser = get_parser()
-    parser.set_defaults(**CONFIGS.get(known.config or 'laptop', {}))  # unknown: reported below
+    # a named configuration's values become the defaults (an unknown name is reported below)
+    parser.set_defaults(**configs.CONFIGS.get(known.config or 'laptop', {}))
     args = parser.parse_args(argv)
     # steps come from --max_iters or --epochs; a config's epochs give way to a typed --max_iters
     if known.max_iters is not None and known.epochs is not None:
@@ -163,7 +162,7 @@ class Data:
 class Job:
     """One run: what setup() checked, the model that build() made, and where training stands."""
     args: argparse.Namespace
-    rt: Runtime            # device, dtype, autocast and compile (lab/runtime.py)
+    rt: runtime.Runtime            # device, dtype, autocast and compile (lab/runtime.py)
     rank: int              # this process; rank 0 alone prints, logs and saves
     world: int             # processes
     micro_steps: int       # forward/backward passes per optimizer step, in each process
@@ -196,10 +195,10 @@ class Job:
 def setup(args, given):
     """Everything checked before out_dir is touched: bad input never harms an earlier run."""
     try:
-        rt = resolve_device(args.device, args.dtype, args.compile)
+        rt = runtime.resolve_device(args.device, args.dtype, args.compile)
     except ValueError as e:
         runs.fail(e)
-    rank, world = setup_distributed(rt)
+    rank, world = runtime.setup_distributed(rt)
     # no --grad_accum: one micro-step per process; --grad_accum fixes the global batch instead
     if args.grad_accum is None:
         micro_steps, global_batch = 1, args.batch_size * world
@@ -267,7 +266,7 @@ def build(job):
     torch.manual_seed(args.seed)
     model = LoopedGPT(job.config).to(rt.device)
     optimizer = model.configure_optimizers(args.weight_decay, args.learning_rate, rt.device_type)
-    job.scaler = grad_scaler(rt)
+    job.scaler = runtime.grad_scaler(rt)
     if ckpt is not None:
         job.step, job.best_val_loss, job.last_eval_step = runs.restore(
             ckpt, model, optimizer, job.scaler, job.data, args, job.rank, rt.device_type)
@@ -275,7 +274,7 @@ def build(job):
         job.say(f"resuming {args.out_dir} at step {job.step} (model config from the checkpoint)")
     job.raw_model, job.optimizer = model, optimizer  # never the compiled or DDP wrapper
     if rt.compile:
-        compile_regions(model)  # the blocks and the loss, not the loop: any loop count reuses them
+        runtime.compile_regions(model)  # the blocks and the loss, not the loop: any K reuses them
     if job.world > 1:  # gradients are averaged across processes in backward
         cuda, c = rt.device_type == 'cuda', job.config
         # a step of one pass (a drawn depth of 1, bptt) leaves the damping, the inter-loop norm, the
@@ -319,7 +318,7 @@ def main(argv=None):
         runs.fail(e)
     finally:  # the folder free for the next run, and the process group gone
         run.close()
-        end_distributed(ok=sys.exc_info()[0] is None)
+        runtime.end_distributed(ok=sys.exc_info()[0] is None)
 
 
 @torch.no_grad()
@@ -346,7 +345,7 @@ def eval_record(job, val_batches, train_batches, t_start):
         runs.fail(f"validation loss is {val_loss[K - 1]} at step {step}; {runs.kept(job.run)}")
     record = {'step': step, 'train_loss': train_loss[K - 1], 'val_loss': val_loss,
               'hidden_norm': val_norm, 'elapsed_s': round(time.time() - t_start, 2)}
-    record.update(design_values(raw_model, val_batches[0], ctx))
+    record.update(report.design_values(raw_model, val_batches[0], ctx))
     return record
 
 
@@ -391,22 +390,22 @@ def train(job, interrupts):
     args, run, say, world, K = job.args, job.run, job.say, job.world, job.config.n_loop
     val_batches = job.data.fixed_batches('val', args.eval_iters)
     train_batches = job.data.fixed_batches('train', args.eval_iters)
-    report, losses, last_line = Report(job), [], job.step
+    progress, losses, last_line = report.Report(job), [], job.step
     while True:
         # ---- evaluate, save, then log (a diverged run stops first: its weights are never saved)
         at_end = job.step == args.max_iters
         if (job.step % args.eval_interval == 0 or at_end) and job.step != job.last_eval_step:
             t_eval = time.time()
             check_finite(losses, job.step, run)
-            record = eval_record(job, val_batches, train_batches, report.t_start)
+            record = eval_record(job, val_batches, train_batches, progress.t_start)
             job.best_val_loss = min(job.best_val_loss, record['val_loss'][K - 1])
             job.last_eval_step, job.last_record = job.step, record
             if job.step > 0:
                 job.save()  # the checkpoint first: the log never runs ahead of it
             if job.rank == 0:
                 run.log(record)
-            say(report.eval_line(record))
-            report.t_last += time.time() - t_eval  # ms/step and tok/s time the training steps alone
+            say(progress.eval_line(record))
+            progress.t_last += time.time() - t_eval  # ms/step and tok/s: training steps alone
         if job.step >= args.max_iters:
             break
         for group in job.optimizer.param_groups:
@@ -425,13 +424,13 @@ def train(job, interrupts):
         if skipped:  # float16 gradients overflowed and the scaler caught it: not a divergence
             job.fp16_skips += 1
         else:
-            report.losses.append(lossf)
-            report.ces.append(cef)
+            progress.losses.append(lossf)
+            progress.ces.append(cef)
         log_step = job.step % args.log_interval == 0 or job.step == args.max_iters
         if log_step or stop or world > 1:  # the losses are read at log steps (and before a save)
             check_finite(losses, job.step, run)
         if log_step:
-            say(report.progress_line(stats, r, job.step - last_line))
+            say(progress.progress_line(stats, r, job.step - last_line))
             last_line = job.step
         if stop:
             job.save()
@@ -440,8 +439,8 @@ def train(job, interrupts):
             say(f"saved {run.ckpt_path} at step {job.step}; continue with the same flags plus "
                 "--resume", flush=True)
             sys.exit(130)
-    check_replicas(job.raw_model, world, say)
-    say(f"done: {job.step} steps in {runs.fmt_time(time.time() - report.t_start)}; final ||h_K|| "
+    runtime.check_replicas(job.raw_model, world, say)
+    say(f"done: {job.step} steps in {runs.fmt_time(time.time() - progress.t_start)}; final ||h_K|| "
         f"{job.last_record['hidden_norm'][K - 1]:.1f}, val loss "
         f"{job.last_record['val_loss'][K - 1]:.4f}; log {run.log_path}")
 

@@ -134,7 +134,7 @@ def cpu_scaler(monkeypatch, made, init_scale):
     def make(rt):
         made.append(torch.amp.GradScaler('cpu', init_scale=init_scale, growth_interval=1))
         return made[-1]
-    monkeypatch.setattr(train, 'grad_scaler', make)
+    monkeypatch.setattr(train.runtime, 'grad_scaler', make)
 
 
 def test_the_gradscalers_state_is_saved_and_restored_with_the_checkpoint(small_data, tmp_path, monkeypatch):
@@ -320,7 +320,7 @@ def test_no_help_ends_in_default_none_and_each_unset_default_is_explained(capsys
     text = capsys.readouterr().out
     assert '(default: None)' not in text
     parser = train.get_parser()
-    parser.set_defaults(**train.CONFIGS['laptop'])
+    parser.set_defaults(**train.configs.CONFIGS['laptop'])
     for action in parser._actions:
         if action.default is None and action.option_strings and action.dest != 'help':
             assert re.search(r'unset|default', action.help), f"--{action.dest}'s help does not say what unset means"

@@ -377,7 +377,7 @@ def test_readme_flags_exist_and_the_concept_table_matches_the_defaults():
     table = re.findall(r'^\| `(--\w+)` \| `([^`]*)` \|', readme(), flags=re.M)
     assert len(table) >= 5, table
     parser = train.get_parser()
-    parser.set_defaults(**train.CONFIGS['laptop'])
+    parser.set_defaults(**train.configs.CONFIGS['laptop'])
     for flag, default in table:
         assert str(parser.get_default(flag[2:])) == default, (flag, default, parser.get_default(flag[2:]))
 
