@@ -14,6 +14,7 @@ loop train.py, at the repository's root; the tools here run from the root as `py
     diagnose       measurements of a trained model (python -m lab.diagnose)
     matched_depth  the exit rules at matched depth (python -m lab.matched_depth)
     atlas          the field's designs under rmsnorm and raw (python -m lab.atlas)
+    verdicts       every earlier loss verdict restated with Holm and TOST (python -m lab.verdicts)
     cost           where the blind spot costs: the cost grid's predictions and tables (python -m lab.cost)
     norm_course    the norm's course over long training (python -m lab.norm_course)
     bench          the training step's speed (python -m lab.bench)

@@ -90,13 +90,20 @@ def paired_test(diffs, margin):
     n, mean = stats['n'], float(stats['mean'][0])
     out = {'n': n, 'mean': mean, 'sd': float(d.std(ddof=1)) if n > 1 else math.nan,
            'lo': float(stats['lo'][0]), 'hi': float(stats['hi'][0]), 'p': math.nan, 'p_tost': math.nan}
-    se = float(stats['se'][0])
-    if n > 1 and se > 0:
-        out['p'] = p_value(mean / se, n - 1)
-        below = 1 - t_cdf((mean + margin) / se, n - 1)  # H0: mean <= -margin
-        above = t_cdf((mean - margin) / se, n - 1)      # H0: mean >= +margin
-        out['p_tost'] = max(below, above)
+    if n > 1:
+        out['p'], out['p_tost'] = summary_p(mean, float(stats['se'][0]), n - 1, margin)
     return out
+
+
+def summary_p(mean, se, df, margin):
+    """(two-sided p of 'the mean is 0', TOST's p of 'the mean lies outside +-margin') from a mean difference, its
+    standard error and degrees of freedom (as a committed paired.csv holds them). TOST's p is the larger of the
+    two one-sided p-values: below 0.05 means equivalent within the margin at that level."""
+    if not (se > 0 and df >= 1):
+        return math.nan, math.nan
+    below = 1 - t_cdf((mean + margin) / se, df)  # H0: mean <= -margin
+    above = t_cdf((mean - margin) / se, df)      # H0: mean >= +margin
+    return p_value(mean / se, df), max(below, above)
 
 
 VERDICTS = ('lower', 'higher', 'equivalent within +-{m}', 'not resolved')  # the one vocabulary

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import ROOT
 import plot_norms
-from lab import atlas, norm_course
+from lab import atlas, norm_course, verdicts
 
 DOCS = os.path.join(ROOT, 'docs', 'results.md')
 SECTION = '## Every committed table and its logs'
@@ -21,8 +21,10 @@ REBUILT = {
     'figures/atlas_untied': "python -m lab.atlas 'figures/atlas_untied/runs/*' --fig_dir=figures/atlas_untied",
     'figures/gate': "python plot_norms.py 'figures/gate/runs/*' --fig_dir=figures/gate",
     'figures/laptop_10k': "python -m lab.norm_course 'figures/laptop_10k/runs/*' --fig_dir=figures/laptop_10k",
+    'figures/verdicts': "python -m lab.verdicts --fig_dir=figures/verdicts",
 }
-TOOLS = {'lab.atlas': atlas.main, 'lab.norm_course': norm_course.main, 'plot_norms.py': plot_norms.main}
+TOOLS = {'lab.atlas': atlas.main, 'lab.norm_course': norm_course.main, 'plot_norms.py': plot_norms.main,
+         'lab.verdicts': verdicts.main}
 # the tables no committed log backs: their runs' folders (out/) or checkpoints were never committed; the docs'
 # section gives each one's reason and the command that trains its runs again
 LOGLESS = [
