@@ -10,7 +10,7 @@ the runs first.
 Writes to --fig_dir: fig1_norm_explosion (||h_K|| against step), fig2_norm_by_loop (||h_k||
 against loop k), fig3_loss_by_depth (loss at exit depths 1..K and 2K), fig5_alpha (the alpha
 readout's exponent), fig6_crossover (claim 4: loss at depth K against step, and the paired gap to
---reference), each a PNG and an SVG; table.md and table.csv (per condition, mean +- std over seeds;
+--reference), each a PNG and an SVG; table.md and table.csv (per condition, mean +- sample SD (ddof 1) over seeds;
 table.md's second table and paired.csv: the paired differences); and from each run's checkpoint
 the timed early-exit benchmark (exit_table.md, fig4_pareto; time it on an otherwise idle machine).
 Every run is read at its own K (the n_loop in its log header).
@@ -29,7 +29,7 @@ from lab.grid import GRIDS, LogError, grid_of, group_runs, load_runs, run_grid, 
 from lab.report import (at_least, check_destination, fail, markdown, pyplot, run_main, runs_flags,
                         save_figure, split_flags, tool_parser, write_csv, write_text)
 from lab.stats import (LEVEL, REFERENCE, default_reference, pair_up, paired_diffs, paired_rows,
-                       paired_stats, progress)
+                       paired_stats, progress, sample_sd)
 
 plt = pyplot()  # on Agg: files only, no display needed
 PROG = 'plot_norms.py'
@@ -69,9 +69,9 @@ def series(runs, key, index=None):
 
 def mean_std(values):
     """Mean and spread over seeds, for the first table and the bands (intervals: the paired table).
-    The std is the population one (ddof 0): the spread seen, not a confidence interval."""
+    The spread is the sample SD (ddof 1), not a confidence interval."""
     values = np.asarray(values, dtype=float)
-    return values.mean(axis=0), values.std(axis=0)
+    return values.mean(axis=0), sample_sd(values)
 
 
 def describe(runs):
@@ -124,7 +124,7 @@ def plot(groups, fig_dir, paired, reference=REFERENCE):
     seeds = sorted({len(runs) for runs in groups.values()})
     title = describe([run for runs in groups.values() for run in runs])
     title += f", {'/'.join(map(str, seeds))} seed{'s' * (seeds != [1])} per condition"
-    title += '\n(mean over seeds; band: +- 1 std)' if seeds != [1] else ''
+    title += '\n(mean over seeds; band: +- 1 sample SD)' if seeds != [1] else ''
     style = dict(zip(groups, styles(len(groups))))
     paths = [plot_norm_explosion(groups, style, title, fig_dir),
              plot_norm_by_loop(groups, title, fig_dir),
@@ -225,7 +225,7 @@ def plot_crossover(groups, style, paired, reference, title, fig_dir):
     left.set_ylim(min(finals) - 0.15, max(finals) + 0.6)  # frame the end, not the first evals
     Ks = '/'.join(map(str, sorted({runs[0]['K'] for runs in groups.values()})))
     left.set(xlabel='training step', ylabel=f'validation loss at depth K={Ks}',
-             title='validation loss at the trained depth\n(mean over seeds; band: +- 1 std)')
+             title='validation loss at the trained depth\n(mean over seeds; band: +- 1 sample SD)')
     shown = {name: entry for name, entry in paired.items() if entry['pairs']}
     for i, (name, entry) in enumerate(shown.items()):
         paired_gaps(middle, right, entry, style[name], name, 0.06 * (i - (len(shown) - 1) / 2))
@@ -266,7 +266,7 @@ def loop_means(records, key, n, f):
 
 
 def table(groups, fig_dir, paired, reference=REFERENCE, behind=()):
-    """Per condition: perplexity and ||h_K|| at depth K (mean +- std over seeds), perplexity at
+    """Per condition: perplexity and ||h_K|| at depth K (mean +- sample SD over seeds), perplexity at
     depths 1..K and 2K, the alpha readout's final alpha, a gated run's mean exit probability and
     |gate logit| per loop (means over seeds); then the paired differences. Returns table.md's
     text."""
@@ -277,7 +277,7 @@ def table(groups, fig_dir, paired, reference=REFERENCE, behind=()):
     header = (['condition', 'seeds', 'step', 'K', 'val ppl (depth K)', '‖h_K‖']
               + [f"ppl@{d}" for d in depths] + ['alpha']
               + (['exit p_k, k = 1..K', 'gate logit (abs), k = 1..K-1'] if gated else []))
-    pm = lambda v, f: f"{v.mean():{f}}" + (f" +- {v.std():{f}}" if len(v) > 1 else '')
+    pm = lambda v, f: f"{v.mean():{f}}" + (f" +- {sample_sd(v):{f}}" if len(v) > 1 else '')
     rows = []
     for name, runs in groups.items():
         K, last = runs[0]['K'], [run['records'][-1] for run in runs]

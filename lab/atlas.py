@@ -37,7 +37,7 @@ from data import find_dataset
 from data.common import read_dataset
 from lab.grid import ATLAS_READOUTS as READOUTS, DESIGNS, LogError, atlas_grid, group_runs, load_runs, run_grid
 from lab.norm_course import fit
-from lab.stats import paired_stats
+from lab.stats import paired_stats, sample_sd
 from looped import CHOICES
 from lab.report import (at_least, check_destination, markdown, pyplot, run_main, save_figure, split_flags, tool_parser,
                         train_flags, write_csv, write_text)
@@ -76,7 +76,7 @@ def summarize(runs, after):
                                      'fit': fit([x['step'] for x in run['records']],
                                                 [x['hidden_norm'][K - 1] for x in run['records']], after)}
              for run, r in zip(runs, last)}
-    return {'norm': (norm.mean(), norm.std()), 'ratio': (ratio.mean(), ratio.std()), 'loss': loss, 'K': K,
+    return {'norm': (norm.mean(), sample_sd(norm)), 'ratio': (ratio.mean(), sample_sd(ratio)), 'loss': loss, 'K': K,
             'seeds': len(runs), 'step': last[0]['step'], 'per_seed': seeds}
 
 
@@ -116,7 +116,7 @@ def sharper(got):
     if seeds:
         a, b = got['rmsnorm']['per_seed'], got['raw']['per_seed']
         ratio = np.array([a[s]['norm'] / b[s]['norm'] for s in seeds])
-        out['ratio'] = (ratio.mean(), ratio.std())
+        out['ratio'] = (ratio.mean(), sample_sd(ratio))
         out['cost'] = paired_stats([[a[s]['loss_K'] - b[s]['loss_K'], a[s]['loss_2K'] - b[s]['loss_2K']] for s in seeds])
     for readout, s in got.items():
         fits = [f['fit'] for f in s['per_seed'].values()]
@@ -156,7 +156,7 @@ def tables(results, unigram, after):
                              'yes' if learns(s, unigram) else 'no', want, level, agree(ok).strip('*'),
                              *([f"{g['b']:.3f}", f"{g['spread'][0]:.3f}", f"{g['spread'][1]:.3f}",
                                 'yes' if g['growing'] else 'no'] if g else ['', '', '', ''])])
-    text = (f"Table 1. The state's scale per design, at the last evaluation, mean ± std over seeds. Predictions "
+    text = (f"Table 1. The state's scale per design, at the last evaluation, mean ± sample SD (ddof 1) over seeds. Predictions "
             f"(grid.DESIGNS, written before the runs): 'carried' means ‖h_K‖/‖h_1‖ > {CARRIED:g} (nothing "
             f"renormalizes the state between loops), 'large' means ‖h_K‖ > {LARGE:g}. A readout whose runs did not "
             f"learn (Table 2) carries no verdict.\n\n" + markdown(head1, rows1)
@@ -194,7 +194,7 @@ def table3(results, unigram, after):
         ratio = fmt(m['ratio'], 1) if 'ratio' in m else ''
         powers = [power(m.get(r), taught[r]) for r in READOUTS]
         rows.append([design, both or ratio, *powers, both or cost(m.get('cost'), 0), both or cost(m.get('cost'), 1)])
-    return (f"Table 3. Sharper verdicts. The ratio of ‖h_K‖ under rmsnorm to raw, seed by seed (mean ± std); the "
+    return (f"Table 3. Sharper verdicts. The ratio of ‖h_K‖ under rmsnorm to raw, seed by seed (mean ± sample SD); the "
             f"power b of ‖h_K‖ against the training step, fitted to the evaluations from step {after} on (still "
             f"growing: the interval above 0 for every seed); the blind spot's cost in validation loss, rmsnorm minus "
             f"raw at depth K and 2K, paired by seed (mean [95% t interval]; negative: rmsnorm is better). A readout "

@@ -63,6 +63,13 @@ def paired_stats(diffs, level=LEVEL):
     return {'n': n, 'df': n - 1, 'mean': mean, 'se': se, 'lo': mean - t * se, 'hi': mean + t * se, 't': t}
 
 
+def sample_sd(values, axis=0):
+    """The sample standard deviation over seeds (ddof 1), which every table's +- shows; 0 for a single seed,
+    which has no spread."""
+    values = np.asarray(values, dtype=float)
+    return values.std(axis=axis, ddof=1) if values.shape[axis] > 1 else np.zeros_like(values.mean(axis=axis))
+
+
 def p_value(t, df):
     """Two-sided p-value of a t statistic with df degrees of freedom."""
     return 2 * (1 - t_cdf(abs(t), df)) if math.isfinite(t) else math.nan

@@ -531,6 +531,10 @@ MUTATIONS = [
      ['tests/test_stats.py::test_tost_and_the_two_sided_p_match_the_t_distribution_by_hand']),
     ('verdicts left unadjusted', 'lab/stats.py', 'elif p < alpha:', "elif test['p'] < alpha:",
      ['tests/test_stats.py::test_family_verdicts_use_the_one_vocabulary_after_holm']),
+    ('tables spread with the population std', 'lab/stats.py',
+     'return values.std(axis=axis, ddof=1) if values.shape[axis] > 1',
+     'return values.std(axis=axis, ddof=0) if values.shape[axis] > 1',
+     ['tests/test_atlas.py::test_the_sharper_verdicts_by_hand']),
 ]
 
 

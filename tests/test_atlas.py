@@ -77,7 +77,7 @@ def test_the_sharper_verdicts_by_hand():
     got = {'rmsnorm': {**summary(0, 0), 'per_seed': seeds((400, 2.0, 2.4, 0.5), (600, 2.2, 2.3, 0.3))},
            'raw': {**summary(0, 0), 'per_seed': seeds((40, 2.1, 2.6, 0.0), (20, 2.0, 2.2, 0.2))}}
     m = atlas.sharper(got)
-    assert m['ratio'] == pytest.approx((20.0, 10.0))  # 400/40 and 600/20
+    assert m['ratio'] == pytest.approx((20.0, math.sqrt(200)))  # 400/40 and 600/20: mean 20, sample SD sqrt(200)
     assert m['rmsnorm']['b'] == pytest.approx(0.4) and m['rmsnorm']['spread'] == pytest.approx((0.3, 0.5))
     assert m['rmsnorm']['growing'] and not m['raw']['growing']  # raw's first seed has a power of 0
     d = np.array([[-0.1, -0.2], [0.2, 0.1]])  # rmsnorm minus raw at K and 2K, seed by seed (not symmetric in sign)
