@@ -10,9 +10,10 @@ the runs first.
 Writes to --fig_dir: fig1_norm_explosion (||h_K|| against step), fig2_norm_by_loop (||h_k||
 against loop k), fig3_loss_by_depth (loss at exit depths 1..K and 2K), fig5_alpha (the alpha
 readout's exponent), fig6_crossover (claim 4: loss at depth K against step, and the paired gap to
---reference), each a PNG and an SVG; table.md and table.csv (per condition, mean +- sample SD (ddof 1) over seeds;
-table.md's second table and paired.csv: the paired differences); and from each run's checkpoint
-the timed early-exit benchmark (exit_table.md, fig4_pareto; time it on an otherwise idle machine).
+--reference), each a PNG and an SVG; table.md and table.csv (per condition, mean +- sample SD
+(ddof 1) over seeds; table.md's second table and paired.csv: the paired differences); and from
+each run's checkpoint the timed early-exit benchmark (exit_table.md, fig4_pareto; time it on an
+otherwise idle machine).
 Every run is read at its own K (the n_loop in its log header).
 
 Not here: training and reading the runs (lab/grid.py), which runs are pairs and their t
@@ -266,7 +267,7 @@ def loop_means(records, key, n, f):
 
 
 def table(groups, fig_dir, paired, reference=REFERENCE, behind=()):
-    """Per condition: perplexity and ||h_K|| at depth K (mean +- sample SD over seeds), perplexity at
+    """Per condition: perplexity and ||h_K|| at depth K (mean +- sample SD over seeds), ppl at
     depths 1..K and 2K, the alpha readout's final alpha, a gated run's mean exit probability and
     |gate logit| per loop (means over seeds); then the paired differences. Returns table.md's
     text."""

@@ -2,7 +2,7 @@
 Where the blind spot costs: the cost grid (lab/grid.py COST), its predictions, its margin and its families.
 
     python -m lab.cost --run                          # train the grid (43 runs, about 5 hours on 2 cores)
-    python -m lab.cost 'figures/cost/runs/*' --fig_dir=figures/cost    # the tables, from the committed logs
+    python -m lab.cost 'out/cost/laptop/*'    # the tables, from the runs' logs
 
 The grid: under the paper's init, K = 4, 1,000 steps evaluated every 100, paired by seed, a factorial of the
 stack (2 or 4 layers x 128 wide), the learning rate (3e-3 or 1e-3) and the readout (rmsnorm or raw), 3 seeds a
@@ -222,10 +222,10 @@ def mean_sd(values, f='.3f'):
 
 
 def mechanism_table(cells):
-    """Per cell: ||h_K||, the loss at K, the per-loop gain L_{k-1} - L_k at loops 2..K, the turn of the state at
+    """Per cell: ||h_K||, the loss at K and at every depth 1..K, the per-loop gain L_{k-1} - L_k at loops 2..K, the turn of the state at
     loops 1..K (degrees), and the useful loops (of loops 2..K, those whose gain exceeds the margin), each the mean
     over seeds (± the sample SD where given)."""
-    header = ['cell', 'seeds', '‖h_K‖', 'loss at K', 'gain at loops 2..K', 'turn at loops 1..K (deg)',
+    header = ['cell', 'seeds', '‖h_K‖', 'loss at K', 'loss at depths 1..K', 'gain at loops 2..K', 'turn at loops 1..K (deg)',
               f'useful loops (gain > {MARGIN:g})']
     rows = []
     for name in [n for n in COST if n in cells]:
@@ -236,7 +236,8 @@ def mechanism_table(cells):
         turns = np.array([last(r)['turn'][:K] for r in runs])
         useful = (gains > MARGIN).sum(axis=1)
         rows.append([name, len(runs), mean_sd([last(r)['hidden_norm'][K - 1] for r in runs], '.1f'),
-                     mean_sd(loss[:, -1]), ' '.join(f"{g:+.3f}" for g in gains.mean(0)) or '-',
+                     mean_sd(loss[:, -1]), ' '.join(f"{v:.3f}" for v in loss.mean(0)),
+                     ' '.join(f"{g:+.3f}" for g in gains.mean(0)) or '-',
                      ' '.join(f"{t:.1f}" for t in turns.mean(0)), mean_sd(useful, '.1f') if K > 1 else '-'])
     return markdown(header, rows)
 
@@ -291,7 +292,7 @@ def get_parser():
     p.add_argument('--seeds', type=int, default=5,
                    help='--run: seeds 1..N of each cell, each cell capped at its own count (3, or 5)')
     p.add_argument('--fig_dir', default=os.path.join('out', 'cost_figures'),
-                   help='where table.md goes (the committed figures/cost changes only when named here)')
+                   help='where table.md goes (a committed table changes only when its folder is named here)')
     return p
 
 

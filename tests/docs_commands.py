@@ -89,6 +89,8 @@ def shrink(cmd):
         cmd = append(r'plot_norms\.py', '--exit_windows=4', cmd)
     if re.search(r'-m lab\.atlas(?! \')', cmd):  # the atlas trains all twenty conditions: one seed of 4 steps each
         cmd = append(r'-m lab\.atlas', f"--seeds=1 --train_args='{TINY_TRAIN}'", cmd)
+    if '-m lab.cost' in cmd and '--run' in cmd:  # the cost grid's 43 runs: one seed of its 13 cells, 4 steps each
+        cmd = append(r'-m lab\.cost', f"--seeds=1 --train_args='{TINY_TRAIN}'", cmd)
     if '-m lab.norm_course' in cmd and '--run' in cmd:  # the seven 10,000-step runs: 4 steps each, fitted from step 1
         cmd = append(r'-m lab\.norm_course', f"--after=1 --train_args='{TINY_TRAIN}'", cmd)
     cmd = append(r'(?<!\w)train\.py', TINY_TRAIN + (' --batch_size=2 --block_size=64' if 'gpu_char' in cmd else ''), cmd)

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import ROOT
 import plot_norms
-from lab import atlas, norm_course, verdicts
+from lab import atlas, cost, norm_course, verdicts
 
 DOCS = os.path.join(ROOT, 'docs', 'results.md')
 SECTION = '## Every committed table and its logs'
@@ -22,15 +22,17 @@ REBUILT = {
     'figures/gate': "python plot_norms.py 'figures/gate/runs/*' --fig_dir=figures/gate",
     'figures/laptop_10k': "python -m lab.norm_course 'figures/laptop_10k/runs/*' --fig_dir=figures/laptop_10k",
     'figures/verdicts': "python -m lab.verdicts --fig_dir=figures/verdicts",
+    'figures/cost': "python -m lab.cost 'figures/cost/runs/*' --fig_dir=figures/cost",
+    'figures/laptop': "python plot_norms.py 'figures/laptop/runs/*' --fig_dir=figures/laptop --exit_windows=0",
 }
 TOOLS = {'lab.atlas': atlas.main, 'lab.norm_course': norm_course.main, 'plot_norms.py': plot_norms.main,
-         'lab.verdicts': verdicts.main}
+         'lab.verdicts': verdicts.main, 'lab.cost': cost.main}
 # the tables no committed log backs: their runs' folders (out/) or checkpoints were never committed; the docs'
 # section gives each one's reason and the command that trains its runs again
 LOGLESS = [
     'figures/atlas/exit/matched_depth.csv', 'figures/atlas/exit/matched_depth.md',
     'figures/laptop/alpha/table.csv', 'figures/laptop/alpha/table.md',
-    'figures/laptop/exit_table.md', 'figures/laptop/table.csv', 'figures/laptop/table.md',
+    'figures/laptop/exit/exit_table.md',
     'figures/laptop_10k_more/course.csv', 'figures/laptop_10k_more/course.md',
     'figures/laptop_deep/paired.csv', 'figures/laptop_deep/table.csv', 'figures/laptop_deep/table.md',
     'figures/laptop_long/exit_table.md', 'figures/laptop_long/table.csv', 'figures/laptop_long/table.md',
