@@ -63,8 +63,8 @@ def twins(other, ckpt):
 
 
 def cached(model, prompt, n):
-    """n greedy tokens through the KV cache: the model's own generate before issue 53 moved it into
-    lab/engine.py, this checkout's engine after (with a plain generate, the model has no cache)."""
+    """n greedy tokens through the KV cache: the model's own generate in a checkout from before generation moved
+    into lab/engine.py, this checkout's engine after (with a plain generate, the model has no cache)."""
     if 'cache' in inspect.signature(model.generate).parameters:
         return model.generate(prompt, n, top_k=1, cache=True)
     return engine.generate(model, prompt, n, top_k=1)

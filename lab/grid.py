@@ -93,7 +93,7 @@ DESIGNS = {
     'looped_nanochat': Design(['--n_prelude=1', '--n_coda=1', '--injection=concat', '--block=sandwich',
                                '--recurrence=normed', '--depth_sampling=poisson_lognormal'], False, 'small', 'small',
                               'sandwich layers and a norm after every loop'),
-    # The 2026 designs that bound the recurrence (predictions committed before their runs, issue 56). A bound on
+    # The 2026 designs that bound the recurrence (predictions committed before their runs). A bound on
     # what is carried is not a bound on what each pass adds: under gpt2's init residual's own ratio is 1.49, so
     # most of ||h_K|| is grown inside a pass, where a decay between passes cannot reach it
     'diagonal': Design(['--injection=diagonal'], False, 'large', 'small', "Parcae's decay (0.447 at init, "
@@ -138,7 +138,7 @@ ATLAS, ATLAS_DESIGN = atlas_grid()
 # Claim 4 (scale control wins at matched depth once training is long enough) compares per-loop runs only.
 CLAIM4 = ['per_loop + rmsnorm', 'per_loop + raw', 'per_loop + rmsnorm + penalty', 'per_loop + final_norm',
           'per_loop + rmsnorm + normed', 'per_loop + alpha']
-# Gated supervision (issue 57): Ouro's learned exit gate on the raw state under both readouts, and on the head's
+# Gated supervision: Ouro's learned exit gate on the raw state under both readouts, and on the head's
 # input under rmsnorm (under raw the head reads h_k itself: the same gate), beside per-loop supervision's two
 # (their checkpoints: the exit rules at matched depth need them)
 GATE = {'per_loop + rmsnorm': CONDITIONS['per_loop + rmsnorm'], 'per_loop + raw': CONDITIONS['per_loop + raw'],

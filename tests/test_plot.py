@@ -126,7 +126,7 @@ def test_grid_runs_then_reuses(small_data, tmp_path, monkeypatch, capsys):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# issue 18: each run at its own K; Ctrl-C on the grid
+# each run at its own K; Ctrl-C on the grid
 
 def test_every_run_is_read_at_its_own_K(two_runs, small_data, tmp_path):
     """K = 3 runs beside the K = 2 ones, in both orders (a K = 3 condition first in CONDITIONS order, and one after):

@@ -1,4 +1,4 @@
-"""lab/stats.py: the paired statistics (issue 22) on hand-built logs with known seed-by-seed differences, the t quantiles
+"""lab/stats.py: the paired statistics on hand-built logs with known seed-by-seed differences, the t quantiles
 against the printed table, and what plot_norms.py writes from them (paired.csv, table.md's second table)."""
 
 import csv
