@@ -26,13 +26,13 @@ import numpy as np
 from lab.grid import COST, COST_SEEDS, LogError, load_runs, run_grid
 from lab.report import (check_destination, fail, markdown, run_main, runs_flags, split_flags, tool_parser,
                         write_text)
-from lab.stats import family_verdicts, paired_test
+from lab.stats import family_verdicts, fmt_number, paired_test
 
 PROG = 'python -m lab.cost'
 
 # The equivalence margin, in nats of validation cross-entropy: a difference inside +-0.02 is 2% of perplexity,
-# smaller than the spread between seeds of one condition here (0.01-0.03 in the atlas), so it is a difference
-# no single run could show and no reader would act on.
+# smaller than the spread between seeds of one condition here (a sample SD of 0.02-0.06 for most designs of the
+# gpt2 atlas), a difference no single run could show and no reader would act on.
 MARGIN = 0.02
 ALPHA = 0.05  # the family-wise error rate Holm's correction holds each family to
 # The families Holm's correction runs over: each is one question asked of several comparisons at once.
@@ -150,9 +150,6 @@ def test_row(label, seeds, diffs, prediction):
     return {'label': label, 'seeds': seeds, 'prediction': prediction, **test}
 
 
-def fmt(v, f='+.3f'):
-    return 'n/a' if not math.isfinite(v) else format(round(v, 4) + 0.0, f)
-
 
 def family_table(rows, what):
     """Holm over the family, then one markdown table: the comparison, its pairs, the mean difference with its
@@ -160,9 +157,9 @@ def family_table(rows, what):
     family_verdicts([r for r in rows if r['n'] > 1], MARGIN, ALPHA)
     header = ['comparison', 'seeds', f'{what}: mean', 'SD (ddof 1)', '95% t interval', 'p (Holm)',
               f'TOST p at +-{MARGIN:g} (Holm)', 'verdict', 'predicted']
-    body = [[r['label'], ' '.join(map(str, r['seeds'])), fmt(r['mean']), fmt(r['sd'], '.3f'),
-             f"[{fmt(r['lo'])}, {fmt(r['hi'])}]", fmt(r.get('p_holm', math.nan), '.4f'),
-             fmt(r.get('p_tost_holm', math.nan), '.4f'), r.get('verdict', 'too few pairs'), r['prediction']]
+    body = [[r['label'], ' '.join(map(str, r['seeds'])), fmt_number(r['mean']), fmt_number(r['sd'], '.3f'),
+             f"[{fmt_number(r['lo'])}, {fmt_number(r['hi'])}]", fmt_number(r.get('p_holm', math.nan), '.4f'),
+             fmt_number(r.get('p_tost_holm', math.nan), '.4f'), r.get('verdict', 'too few pairs'), r['prediction']]
             for r in rows]
     return markdown(header, body)
 

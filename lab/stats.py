@@ -70,6 +70,15 @@ def sample_sd(values, axis=0):
     return values.std(axis=axis, ddof=1) if values.shape[axis] > 1 else np.zeros_like(values.mean(axis=axis))
 
 
+def fmt_number(v, f='+.3f'):
+    """A table's number, rounded once to the format's digits ('n/a' for nan); a value that rounds to zero is
+    printed without a minus sign."""
+    if not math.isfinite(v):
+        return 'n/a'
+    text = format(v, f)
+    return format(0.0, f) if float(text) == 0 else text
+
+
 def p_value(t, df):
     """Two-sided p-value of a t statistic with df degrees of freedom."""
     return 2 * (1 - t_cdf(abs(t), df)) if math.isfinite(t) else math.nan

@@ -23,7 +23,7 @@ from collections import defaultdict
 from lab.cost import ALPHA, MARGIN
 from lab.grid import LogError, load_runs
 from lab.report import check_destination, fail, markdown, run_main, tool_parser, write_text
-from lab.stats import family_verdicts, holm, paired_test, summary_p
+from lab.stats import family_verdicts, fmt_number, holm, paired_test, summary_p
 
 PROG = 'python -m lab.verdicts'
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -74,9 +74,6 @@ def from_csv(path, label_of, margin=MARGIN):
     return rows
 
 
-def fmt(v, f='+.3f'):
-    return 'n/a' if not math.isfinite(v) else format(round(v, 4) + 0.0, f)
-
 
 def table(rows, what, margin=MARGIN):
     """Holm over the family (TOST only with a margin), then its markdown table."""
@@ -88,9 +85,9 @@ def table(rows, what, margin=MARGIN):
             row['verdict'] = ('lower' if row['mean'] < 0 else 'higher') if p < ALPHA else 'not resolved'
     header = ['comparison', 'pairs', f'{what}: mean', 'SD (ddof 1)', '95% t interval', 'p (Holm)',
               'TOST p (Holm)', 'verdict']
-    return markdown(header, [[r['label'], r['seeds'], fmt(r['mean']), fmt(r['sd'], '.3f'),
-                              f"[{fmt(r['lo'])}, {fmt(r['hi'])}]", fmt(r['p_holm'], '.4f'),
-                              fmt(r['p_tost_holm'], '.4f'), r['verdict']] for r in rows])
+    return markdown(header, [[r['label'], r['seeds'], fmt_number(r['mean']), fmt_number(r['sd'], '.3f'),
+                              f"[{fmt_number(r['lo'])}, {fmt_number(r['hi'])}]", fmt_number(r['p_holm'], '.4f'),
+                              fmt_number(r['p_tost_holm'], '.4f'), r['verdict']] for r in rows])
 
 
 def families():

@@ -535,6 +535,8 @@ MUTATIONS = [
      'return values.std(axis=axis, ddof=1) if values.shape[axis] > 1',
      'return values.std(axis=axis, ddof=0) if values.shape[axis] > 1',
      ['tests/test_atlas.py::test_the_sharper_verdicts_by_hand']),
+    ('table numbers rounded twice', 'lab/stats.py', '    text = format(v, f)\n',
+     '    text = format(round(v, 4), f)\n', ['tests/test_stats.py::test_a_table_number_is_rounded_once']),
 ]
 
 

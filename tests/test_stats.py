@@ -122,3 +122,10 @@ def test_family_verdicts_use_the_one_vocabulary_after_holm():
     family = stats.family_verdicts([stats.paired_test([0.10, 0.12, 0.11], 0.02) for _ in range(40)], 0.02)
     assert {t['verdict'] for t in family} == {'not resolved'}
     assert family[0]['p_holm'] == pytest.approx(min(1, 40 * family[0]['p']))
+
+
+def test_a_table_number_is_rounded_once():
+    # 0.037543 rounded to 4 digits first would be 0.0375 and then print +0.037: once, it is +0.038
+    assert stats.fmt_number(0.037543) == '+0.038' and stats.fmt_number(-0.01447) == '-0.014'
+    assert stats.fmt_number(-0.0004) == '+0.000' and stats.fmt_number(math.nan) == 'n/a'
+    assert stats.fmt_number(0.04271, '.4f') == '0.0427'
