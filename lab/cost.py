@@ -288,6 +288,8 @@ def get_parser():
     runs_flags(p, 'the cost grid', 'laptop', os.path.join('out', 'cost'), '--device=cpu')
     p.add_argument('--seeds', type=int, default=5,
                    help='--run: seeds 1..N of each cell, each cell capped at its own count (3, or 5)')
+    p.add_argument('--committed', default=os.path.join('figures', 'cost', 'runs'),
+                   help='--run: where the finished runs\' logs are committed; a run finished there is not trained again')
     p.add_argument('--fig_dir', default=os.path.join('out', 'cost_figures'),
                    help='where table.md goes (a committed table changes only when its folder is named here)')
     return p
@@ -303,7 +305,7 @@ def main(argv=None):
     folders = []
     if args.run:
         folders = run_grid(args.config, range(1, args.seeds + 1), args.out_root, extra, grid=COST, prog=PROG,
-                           max_seed=COST_SEEDS, after=measure_precision)
+                           max_seed=COST_SEEDS, after=measure_precision, finished_in=args.committed)
     try:
         runs = load_runs(args.runs, folders)
     except LogError as e:

@@ -298,11 +298,13 @@ def grid_of(config, grid=None):
 
 
 def run_grid(config, seeds, out_root, extra, names=None, grid=None, prog='plot_norms.py', max_seed=None,
-             after=None):
+             after=None, finished_in=None):
     """Train every condition of the grid (or those named) for every seed, one after another; reuse finished runs,
     resume interrupted ones. Seed by seed: whatever is finished when the grid is stopped is a complete set of pairs.
     prog: the command that runs it, for its one-line messages; max_seed: {condition: its last seed} where a
-    condition has fewer seeds than the others; after(folder): called on every finished run, reused or new."""
+    condition has fewer seeds than the others; after(folder): called on every finished run, reused or new;
+    finished_in: a folder of committed run logs (its run folders named as the grid's): a run whose log there is
+    finished is reused from there, so a grid resumes in a fresh clone from what it committed."""
     folders, t0, trained, train_s = [], time.time(), 0, 0.0
     conditions = grid_of(config, grid)
     jobs = [(name, conditions[name], seed) for seed in seeds for name in names or conditions
@@ -313,13 +315,23 @@ def run_grid(config, seeds, out_root, extra, names=None, grid=None, prog='plot_n
         cmd = [sys.executable, os.path.join(ROOT, 'train.py'), f'--config={config}', *GRID_FLAGS.get(config, []),
                *flags, f'--seed={seed}', f'--out_dir={folder}', *extra]
         state = 'new'
+        wanted = [int(a.split('=', 1)[1]) for a in cmd if a.startswith('--max_iters=')]
+        committed = finished_in and os.path.join(finished_in, os.path.basename(folder))
+        if committed and not os.path.exists(os.path.join(folder, 'log.jsonl')) and os.path.exists(committed):
+            try:
+                run = load_run(committed)
+                if run['records'][-1]['step'] >= (wanted[-1] if wanted else run['config']['max_iters']):
+                    print(f"[{i + 1}/{len(jobs)}] {committed}: finished and committed, reused")
+                    folders[-1] = committed
+                    continue
+            except LogError:
+                pass
         # a grid takes a while: rerunning the command must never redo finished work or lose an interrupted run
         if os.path.exists(os.path.join(folder, 'ckpt.pt')):
             try:
                 run = load_run(folder)
                 # finished at the step this command asks for (the last --max_iters wins, as in train.py), else at
                 # its own: a longer request resumes the run to it
-                wanted = [int(a.split('=', 1)[1]) for a in cmd if a.startswith('--max_iters=')]
                 done = run['records'][-1]['step'] >= (wanted[-1] if wanted else run['config']['max_iters'])
             except LogError:
                 done = False

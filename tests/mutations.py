@@ -537,6 +537,9 @@ MUTATIONS = [
      ['tests/test_atlas.py::test_the_sharper_verdicts_by_hand']),
     ('table numbers rounded twice', 'lab/stats.py', '    text = format(v, f)\n',
      '    text = format(round(v, 4), f)\n', ['tests/test_stats.py::test_a_table_number_is_rounded_once']),
+    ('a committed finished run trained again', 'lab/grid.py',
+     "        if committed and not os.path.exists(os.path.join(folder, 'log.jsonl')) and os.path.exists(committed):",
+     '        if False:', ['tests/test_cost.py::test_a_run_committed_finished_is_not_trained_again']),
 ]
 
 

@@ -88,3 +88,15 @@ def test_precision_json_is_measured_once_from_a_finished_checkpoint(small_data, 
     before = os.path.getmtime(out / 'precision.json')
     cost.measure_precision(str(out))  # a second call leaves it alone
     assert os.path.getmtime(out / 'precision.json') == before
+
+
+def test_a_run_committed_finished_is_not_trained_again(tmp_path):
+    """A fresh clone resumes the grid from its committed logs: a run whose committed log is finished is reused
+    from there (a training attempt here would fail at once on its bad --device, so the test cannot hang)."""
+    from lab.grid import run_grid
+    committed = tmp_path / 'committed'
+    committed.mkdir()
+    fake_run(committed, 'L2-lr3e-3-K4 + raw', 1, [2.0] * 8)
+    folders = run_grid('laptop', [1], str(tmp_path / 'out'), ['--device=nonsense'], names=['L2-lr3e-3-K4 + raw'],
+                       grid=COST, prog='test', max_seed=COST_SEEDS, finished_in=str(committed))
+    assert folders == [str(committed / 'L2-lr3e-3-K4-raw-seed1')] and not (tmp_path / 'out').exists()
