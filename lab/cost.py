@@ -24,7 +24,7 @@ import os
 import numpy as np
 
 from lab.grid import COST, COST_SEEDS, LogError, load_runs, run_grid
-from lab.report import (check_destination, fail, markdown, run_main, runs_flags, split_flags, tool_parser,
+from lab.report import (at_least, check_destination, fail, markdown, run_main, runs_flags, split_flags, tool_parser,
                         write_text)
 from lab.stats import family_verdicts, fmt_number, paired_test
 
@@ -299,6 +299,7 @@ def main(argv=None):
     p = get_parser()
     args = p.parse_args(argv)
     extra = split_flags(p, args.train_args)
+    at_least(p, '--seeds', args.seeds, 1)
     if not args.run and not args.runs:
         p.error("name run folders to read, or pass --run to train the grid")
     check_destination(p, os.path.join(args.fig_dir, 'table.md'), '--fig_dir')  # before hours of training
