@@ -297,6 +297,17 @@ def grid_of(config, grid=None):
     return grid if isinstance(grid, dict) else GRIDS[grid or DEFAULT_GRID.get(config, 'paper')]
 
 
+def finished(folder, cmd):
+    """Whether the run in folder is finished at the step cmd asks for (its last --max_iters wins, as in train.py),
+    else at its own max_iters: a longer request resumes the run to it. An unreadable log is not finished."""
+    wanted = [int(a.split('=', 1)[1]) for a in cmd if a.startswith('--max_iters=')]
+    try:
+        run = load_run(folder)
+    except LogError:
+        return False
+    return run['records'][-1]['step'] >= (wanted[-1] if wanted else run['config']['max_iters'])
+
+
 def run_grid(config, seeds, out_root, extra, names=None, grid=None, prog='plot_norms.py', max_seed=None,
              after=None, finished_in=None):
     """Train every condition of the grid (or those named) for every seed, one after another; reuse finished runs,
@@ -315,27 +326,14 @@ def run_grid(config, seeds, out_root, extra, names=None, grid=None, prog='plot_n
         cmd = [sys.executable, os.path.join(ROOT, 'train.py'), f'--config={config}', *GRID_FLAGS.get(config, []),
                *flags, f'--seed={seed}', f'--out_dir={folder}', *extra]
         state = 'new'
-        wanted = [int(a.split('=', 1)[1]) for a in cmd if a.startswith('--max_iters=')]
         committed = finished_in and os.path.join(finished_in, os.path.basename(folder))
-        if committed and not os.path.exists(os.path.join(folder, 'log.jsonl')) and os.path.exists(committed):
-            try:
-                run = load_run(committed)
-                if run['records'][-1]['step'] >= (wanted[-1] if wanted else run['config']['max_iters']):
-                    print(f"[{i + 1}/{len(jobs)}] {committed}: finished and committed, reused")
-                    folders[-1] = committed
-                    continue
-            except LogError:
-                pass
+        if committed and not os.path.exists(os.path.join(folder, 'log.jsonl')) and finished(committed, cmd):
+            print(f"[{i + 1}/{len(jobs)}] {committed}: finished and committed, reused")
+            folders[-1] = committed
+            continue
         # a grid takes a while: rerunning the command must never redo finished work or lose an interrupted run
         if os.path.exists(os.path.join(folder, 'ckpt.pt')):
-            try:
-                run = load_run(folder)
-                # finished at the step this command asks for (the last --max_iters wins, as in train.py), else at
-                # its own: a longer request resumes the run to it
-                done = run['records'][-1]['step'] >= (wanted[-1] if wanted else run['config']['max_iters'])
-            except LogError:
-                done = False
-            if done:
+            if finished(folder, cmd):
                 print(f"[{i + 1}/{len(jobs)}] {folder}: finished earlier, reused")
                 if after is not None:
                     after(folder)

@@ -538,7 +538,7 @@ MUTATIONS = [
     ('table numbers rounded twice', 'lab/stats.py', '    text = format(v, f)\n',
      '    text = format(round(v, 4), f)\n', ['tests/test_stats.py::test_a_table_number_is_rounded_once']),
     ('a committed finished run trained again', 'lab/grid.py',
-     "        if committed and not os.path.exists(os.path.join(folder, 'log.jsonl')) and os.path.exists(committed):",
+     "        if committed and not os.path.exists(os.path.join(folder, 'log.jsonl')) and finished(committed, cmd):",
      '        if False:', ['tests/test_cost.py::test_a_run_committed_finished_is_not_trained_again']),
 ]
 
