@@ -32,7 +32,7 @@ from data.common import check_same_data, check_writable, read_dataset
 from lab.report import at_least, markdown, pyplot, save_figure, tool_parser
 from lab.runs import condition_name, load_model
 from lab.runtime import resolve_device, synchronize
-from lab.engine import EXITS, latent_change
+from lab.engine import EXITS, angle_deg, latent_change
 
 PROG = 'python -m lab.diagnose'
 
@@ -64,12 +64,6 @@ def radial_step(h_in, h):
     along u is a * u. Returns (u, a) with a of shape (..., 1)."""
     u = h_in / rms(h_in)
     return u, (u * (h - h_in)).mean(-1, keepdim=True)
-
-
-def angle_deg(a, b):
-    """Per-token angle between a and b in degrees, 2 atan2(|u - v|, |u + v|): acos(<u, v>), accurate near 0."""
-    u, v = F.normalize(a, dim=-1), F.normalize(b, dim=-1)
-    return torch.rad2deg(2 * torch.atan2((u - v).norm(dim=-1), (u + v).norm(dim=-1)))
 
 
 def passes(model, x, n_loop, clamp=None):

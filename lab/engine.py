@@ -36,6 +36,13 @@ def latent_change(h, h_prev):
     return (h - h_prev).norm(dim=-1) / h_prev.norm(dim=-1).clamp_min(1e-12)
 
 
+def angle_deg(a, b):
+    """Per-token angle between a and b in degrees, 2 atan2(|u - v|, |u + v|): acos(<u, v>),
+    accurate near 0. (..., C) each -> (...)."""
+    u, v = F.normalize(a.float(), dim=-1), F.normalize(b.float(), dim=-1)
+    return torch.rad2deg(2 * torch.atan2((u - v).norm(dim=-1), (u + v).norm(dim=-1)))
+
+
 def exit_passes(rule, threshold, logp, logp_prev, h=None, h_prev=None):
     """Whether an exit rule passes at one loop: logp, logp_prev (..., V) are this loop's and the
     last loop's log-probabilities, h, h_prev (..., C) the states (h_prev = h_0 = e at loop 1).

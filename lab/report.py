@@ -17,10 +17,10 @@ import time
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from data.common import check_writable, write_atomically
 from lab import runs
+from lab.engine import angle_deg
 from lab.configs import CONFIGS
 from lab.runtime import fmt_mfu, peak_flops
 
@@ -142,9 +142,7 @@ def state_turn(model, x, n_loop):
     can change the prediction."""
     turns, h_prev = [], model.embed(x)
     for _, h in model.loops(h_prev, n_loop):
-        u, v = F.normalize(h_prev.float(), dim=-1), F.normalize(h.float(), dim=-1)
-        angle = 2 * torch.atan2((u - v).norm(dim=-1), (u + v).norm(dim=-1))  # acos(<u, v>), exact near 0
-        turns.append(round(torch.rad2deg(angle).mean().item(), 4))
+        turns.append(round(angle_deg(h_prev, h).mean().item(), 4))
         h_prev = h
     return turns
 

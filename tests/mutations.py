@@ -540,6 +540,10 @@ MUTATIONS = [
     ('a committed finished run trained again', 'lab/grid.py',
      "        if committed and not os.path.exists(os.path.join(folder, 'log.jsonl')) and finished(committed, cmd):",
      '        if False:', ['tests/test_cost.py::test_a_run_committed_finished_is_not_trained_again']),
+    ('the logged turn measured from the embedding at every loop', 'lab/report.py', '        h_prev = h\n    return turns',
+     '    return turns', ['tests/test_cost.py::test_the_logged_turn_is_the_angle_between_consecutive_states_by_hand']),
+    ('precision read at the wrong depth', 'lab/diagnose.py', 'if k in (K, 2 * K):', 'if k in (K - 1, 2 * K):',
+     ['tests/test_cost.py::test_precision_in_float32_is_the_models_own_loss_at_k_and_2k']),
 ]
 
 

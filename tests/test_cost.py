@@ -100,3 +100,35 @@ def test_a_run_committed_finished_is_not_trained_again(tmp_path):
     folders = run_grid('laptop', [1], str(tmp_path / 'out'), ['--device=nonsense'], names=['L2-lr3e-3-K4 + raw'],
                        grid=COST, prog='test', max_seed=COST_SEEDS, finished_in=str(committed))
     assert folders == [str(committed / 'L2-lr3e-3-K4-raw-seed1')] and not (tmp_path / 'out').exists()
+
+
+def test_the_logged_turn_is_the_angle_between_consecutive_states_by_hand():
+    import torch
+    from lab.report import state_turn
+    from looped import LoopedGPT
+    torch.manual_seed(0)
+    model = LoopedGPT(LoopedConfig(vocab_size=11, block_size=8, n_embd=16, n_head=2, n_layer=1, n_loop=3)).eval()
+    x = torch.randint(11, (2, 8), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        states = [model.embed(x)] + [h for _, h in model.loops(model.embed(x), 6)]
+        cos = [torch.nn.functional.cosine_similarity(a, b, dim=-1) for a, b in zip(states, states[1:])]
+        want = [torch.rad2deg(torch.acos(c.clamp(-1, 1))).mean().item() for c in cos]
+        got = state_turn(model, x, 6)
+    assert len(got) == 6 and got == pytest.approx(want, abs=1e-3)
+    assert got[0] > got[-1]  # the first pass turns the embedding most
+
+
+def test_precision_in_float32_is_the_models_own_loss_at_k_and_2k():
+    import torch
+    from lab.diagnose import precision_losses
+    from looped import LoopedGPT
+    torch.manual_seed(0)
+    model = LoopedGPT(LoopedConfig(vocab_size=11, block_size=8, n_embd=16, n_head=2, n_layer=1, n_loop=2)).eval()
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randint(11, (6, 8), generator=g), torch.randint(11, (6, 8), generator=g)
+    got = precision_losses(model, x, y, 2, batch_size=4)  # batches of 4 and 2 windows: weighted by their size
+    with torch.no_grad():
+        ce = model(x, y, n_loop=4)[2]['ce']
+    assert got['float32'] == pytest.approx([ce[1].item(), ce[3].item()], rel=1e-5)
+    for mode in ('bf16_state', 'bf16_autocast'):
+        assert got[mode] != got['float32'] and got[mode] == pytest.approx(got['float32'], abs=0.05), mode
