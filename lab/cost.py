@@ -143,12 +143,12 @@ def paired(cells, a, b, value_a, value_b=None):
     return seeds, [value_a(cells[a][s]) - value_b(cells[b][s]) for s in seeds]
 
 
-def test_row(label, seeds, diffs, prediction):
+def comparison_row(label, seeds, diffs, prediction):
+    """One comparison of a family: its paired test (no test below two pairs), its seeds and its prediction."""
     test = paired_test(diffs, MARGIN) if len(diffs) > 1 else {'n': len(diffs), 'mean': math.nan, 'sd': math.nan,
                                                               'lo': math.nan, 'hi': math.nan, 'p': math.nan,
                                                               'p_tost': math.nan}
     return {'label': label, 'seeds': seeds, 'prediction': prediction, **test}
-
 
 
 def family_table(rows, what):
@@ -172,7 +172,7 @@ def cost_rows(cells):
     for L, lr in FACTORIAL:
         a, b = f"L{L}-lr{lr}-K4 + rmsnorm", f"L{L}-lr{lr}-K4 + raw"
         seeds, d = paired(cells, a, b, lambda r: loss_at(r, 4))
-        rows.append(test_row(f"{L} layers, lr {lr}: rmsnorm - raw at depth 4", seeds, d,
+        rows.append(comparison_row(f"{L} layers, lr {lr}: rmsnorm - raw at depth 4", seeds, d,
                              SHORT[f"cost L{L}-lr{lr}"]))
     return rows
 
@@ -189,9 +189,9 @@ def interaction_rows(cells):
     depth = [(c(4, '3e-3', s) + c(4, '1e-3', s) - c(2, '3e-3', s) - c(2, '1e-3', s)) / 2 for s in seeds]
     rate = [(c(2, '1e-3', s) + c(4, '1e-3', s) - c(2, '3e-3', s) - c(4, '3e-3', s)) / 2 for s in seeds]
     both = [(c(4, '1e-3', s) - c(2, '1e-3', s)) - (c(4, '3e-3', s) - c(2, '3e-3', s)) for s in seeds]
-    return [test_row('the cost, 4 layers - 2 (mean over the rates)', seeds, depth, SHORT['interaction depth']),
-            test_row('the cost, lr 1e-3 - 3e-3 (mean over the stacks)', seeds, rate, SHORT['interaction rate']),
-            test_row('stack x rate: (4 - 2 layers at 1e-3) - (4 - 2 at 3e-3)', seeds, both,
+    return [comparison_row('the cost, 4 layers - 2 (mean over the rates)', seeds, depth, SHORT['interaction depth']),
+            comparison_row('the cost, lr 1e-3 - 3e-3 (mean over the stacks)', seeds, rate, SHORT['interaction rate']),
+            comparison_row('stack x rate: (4 - 2 layers at 1e-3) - (4 - 2 at 3e-3)', seeds, both,
                      SHORT['interaction depth x rate'])]
 
 
@@ -200,7 +200,7 @@ def penalty_rows(cells):
     rows = []
     for lam in ('0.001', '0.01', '0.1'):
         seeds, d = paired(cells, f"{base} + pen{lam}", base, lambda r: loss_at(r, 4))
-        rows.append(test_row(f"rmsnorm + penalty {lam} - rmsnorm at depth 4", seeds, d, SHORT[f'penalty {lam}']))
+        rows.append(comparison_row(f"rmsnorm + penalty {lam} - rmsnorm at depth 4", seeds, d, SHORT[f'penalty {lam}']))
     return rows
 
 
@@ -209,7 +209,7 @@ def one_loop_rows(cells):
     for readout in ('raw', 'rmsnorm'):
         seeds, d = paired(cells, f"L4-lr1e-3-K4 + {readout}", f"L4-lr1e-3-K1 + {readout}",
                           lambda r: loss_at(r, 4), lambda r: loss_at(r, 1))
-        rows.append(test_row(f"{readout}: K = 4 at depth 4 - K = 1", seeds, d, SHORT[f'one loop {readout}']))
+        rows.append(comparison_row(f"{readout}: K = 4 at depth 4 - K = 1", seeds, d, SHORT[f'one loop {readout}']))
     return rows
 
 
@@ -254,7 +254,7 @@ def precision_rows(runs):
         for mode in ('bf16_state', 'bf16_autocast'):
             for i, depth in enumerate(('K', '2K')):
                 d = [rec[mode][i] - rec['float32'][i] for _, rec in found]
-                rows.append(test_row(f"{readout}, {mode} - float32 at depth {depth}", [len(found)], d,
+                rows.append(comparison_row(f"{readout}, {mode} - float32 at depth {depth}", [len(found)], d,
                                      SHORT['precision']))
     return rows
 
