@@ -219,11 +219,11 @@ def mean_sd(values, f='.3f'):
 
 
 def mechanism_table(cells):
-    """Per cell: ||h_K||, the loss at K and at every depth 1..K, the per-loop gain L_{k-1} - L_k at loops 2..K, the turn of the state at
-    loops 1..K (degrees), and the useful loops (of loops 2..K, those whose gain exceeds the margin), each the mean
-    over seeds (± the sample SD where given)."""
-    header = ['cell', 'seeds', '‖h_K‖', 'loss at K', 'loss at depths 1..K', 'gain at loops 2..K', 'turn at loops 1..K (deg)',
-              f'useful loops (gain > {MARGIN:g})']
+    """Per cell: ||h_K||, the loss at K and at every depth 1..K, the per-loop gain L_{k-1} - L_k at loops 2..K,
+    the turn of the state at loops 1..K (degrees), and the useful loops (of loops 2..K, those whose gain exceeds
+    the margin), each the mean over seeds (± the sample SD where given)."""
+    header = ['cell', 'seeds', '‖h_K‖', 'loss at K', 'loss at depths 1..K', 'gain at loops 2..K',
+              'turn at loops 1..K (deg)', f'useful loops (gain > {MARGIN:g})']
     rows = []
     for name in [n for n in COST if n in cells]:
         runs = [cells[name][s] for s in sorted(cells[name])]
@@ -289,7 +289,8 @@ def get_parser():
     p.add_argument('--seeds', type=int, default=5,
                    help='--run: seeds 1..N of each cell, each cell capped at its own count (3, or 5)')
     p.add_argument('--committed', default=os.path.join('figures', 'cost', 'runs'),
-                   help='--run: where the finished runs\' logs are committed; a run finished there is not trained again')
+                   help="--run: where the finished runs' logs are committed; a run finished there is not trained "
+                        'again')
     p.add_argument('--fig_dir', default=os.path.join('out', 'cost_figures'),
                    help='where table.md goes (a committed table changes only when its folder is named here)')
     return p

@@ -113,7 +113,8 @@ def families():
                 table(from_log_pairs(pairs_loss), 'gated - per-loop at K')))
     out.append(('gate_norm', 'Does it change ||h_K||? (no margin: norm units)',
                 table(from_log_pairs(pairs_norm, margin=0), 'gated - per-loop ||h_K||', margin=0)))
-    depth = lambda r: f"{r['condition']} - {r['reference']} at depth {r['depth']}" + (' (K)' if r['is_K'] == 'True' else '')
+    depth = lambda r: (f"{r['condition']} - {r['reference']} at depth {r['depth']}"
+                       + (' (K)' if r['is_K'] == 'True' else ''))
     out.append(('claim4', 'Claim 4: does scale control win with longer training? (laptop_long, 2,000 steps)',
                 table(from_csv(figures('laptop_long_paired', 'paired.csv'), depth), 'condition - rmsnorm')))
     out.append(('laptop_deep', 'A deeper stack at a lower rate (4 layers, lr 1e-3, 1,500 steps)',
