@@ -145,7 +145,8 @@ def paired(cells, a, b, value_a, value_b=None):
 
 def comparison_row(label, seeds, diffs, prediction):
     """One comparison of a family: its paired test (no test below two pairs), its seeds and its prediction."""
-    test = paired_test(diffs, MARGIN) if len(diffs) > 1 else {'n': len(diffs), 'mean': math.nan, 'sd': math.nan,
+    mean = diffs[0] if len(diffs) == 1 else math.nan  # one pair: its difference, with no interval and no test
+    test = paired_test(diffs, MARGIN) if len(diffs) > 1 else {'n': len(diffs), 'mean': mean, 'sd': math.nan,
                                                               'lo': math.nan, 'hi': math.nan, 'p': math.nan,
                                                               'p_tost': math.nan}
     return {'label': label, 'seeds': seeds, 'prediction': prediction, **test}
@@ -159,7 +160,7 @@ def family_table(rows, what):
               f'TOST p at +-{MARGIN:g} (Holm)', 'verdict', 'predicted']
     body = [[r['label'], ' '.join(map(str, r['seeds'])), fmt_number(r['mean']), fmt_number(r['sd'], '.3f'),
              f"[{fmt_number(r['lo'])}, {fmt_number(r['hi'])}]", fmt_number(r.get('p_holm', math.nan), '.4f'),
-             fmt_number(r.get('p_tost_holm', math.nan), '.4f'), r.get('verdict', 'too few pairs'), r['prediction']]
+             fmt_number(r.get('p_tost_holm', math.nan), '.4f'), r.get('verdict', 'no verdict: one pair' if r['n'] == 1 else 'no pairs'), r['prediction']]
             for r in rows]
     return markdown(header, body)
 

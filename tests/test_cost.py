@@ -132,3 +132,14 @@ def test_precision_in_float32_is_the_models_own_loss_at_k_and_2k():
     assert got['float32'] == pytest.approx([ce[1].item(), ce[3].item()], rel=1e-5)
     for mode in ('bf16_state', 'bf16_autocast'):
         assert got[mode] != got['float32'] and got[mode] == pytest.approx(got['float32'], abs=0.05), mode
+
+
+def test_one_pair_shows_its_difference_and_no_verdict(tmp_path):
+    runs = [fake_run(tmp_path, 'L2-lr3e-3-K4 + rmsnorm', 1, [2.0, 2.0, 2.0, 1.9] + [2.0] * 4),
+            fake_run(tmp_path, 'L2-lr3e-3-K4 + raw', 1, [2.0, 2.0, 2.0, 2.0] + [2.0] * 4)]
+    cells, _ = cost.by_cell(runs)
+    row = cost.cost_rows(cells)[0]
+    assert row['n'] == 1 and row['mean'] == pytest.approx(-0.1) and math.isnan(row['lo'])
+    text = cost.family_table(cost.cost_rows(cells), 'rmsnorm - raw')
+    assert '| 2 layers, lr 3e-3: rmsnorm - raw at depth 4 | 1 | -0.100 | n/a |' in text
+    assert 'no verdict: one pair' in text and 'lower' not in text.split('\n')[2].split('|')[8]
