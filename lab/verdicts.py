@@ -20,7 +20,7 @@ import math
 import os
 from collections import defaultdict
 
-from lab.cost import ALPHA, MARGIN
+from lab.cost import ALPHA, MARGIN, last
 from lab.grid import LogError, load_runs
 from lab.report import check_destination, fail, markdown, run_main, tool_parser, write_text
 from lab.stats import family_verdicts, fmt_number, holm, paired_test, summary_p
@@ -31,10 +31,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def figures(*parts):
     return os.path.join(ROOT, 'figures', *parts)
-
-
-def last(run):
-    return run['records'][-1]
 
 
 def readout_pairs(runs, value):
