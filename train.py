@@ -33,7 +33,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from data import DATASETS, find_dataset
 from data.common import check_same_data, read_dataset
 from lab import configs, report, runs, runtime  # flags, printed lines, the run folder, the device
-from looped import LoopedConfig, LoopedGPT, sampled_depth
+# looped.py's model with the field's designs as options; with none on it is looped.py's LoopedGPT
+from lab.designs import DesignConfig, DesignedGPT, sampled_depth
 
 
 def get_parser():
@@ -43,7 +44,7 @@ def get_parser():
     add = p.add_argument
     add('--config', default='laptop', choices=configs.CONFIGS,
         help='named configuration: its values replace the defaults below; flags override both')
-    configs.add_model_flags(p)  # the model's shape and variants: LoopedConfig's fields and defaults
+    configs.add_model_flags(p)  # the model's shape and variants: DesignConfig's fields and defaults
     # optimization: AdamW, constant learning rate (as in the paper) unless --decay_lr. The defaults
     # here and below are the laptop run's (2 layers x 128 looped 4 times, about 3 minutes on a CPU)
     add('--batch_size', type=int, default=16, help='sequences per micro-step (per process)')
@@ -119,8 +120,8 @@ def parse_args(argv=None):
 
 
 def model_config(args, vocab_size=65):
-    """The LoopedConfig that the flags describe (ValueError for invalid combinations)."""
-    return LoopedConfig(vocab_size=vocab_size, **{n: getattr(args, n) for n in runs.MODEL_FLAGS})
+    """The DesignConfig that the flags describe (ValueError for invalid combinations)."""
+    return DesignConfig(vocab_size=vocab_size, **{n: getattr(args, n) for n in runs.MODEL_FLAGS})
 
 
 class Data:
@@ -169,10 +170,10 @@ class Job:
     global_batch: int      # sequences per optimizer step, over all processes
     run: runs.Run          # the run folder (lab/runs.py)
     ckpt: dict | None      # the checkpoint to resume, or None
-    config: LoopedConfig
+    config: DesignConfig
     data: Data
     model: torch.nn.Module = None  # what trains: compiled and wrapped for DDP as asked
-    raw_model: LoopedGPT = None    # the plain module, for checkpoints and evaluation
+    raw_model: DesignedGPT = None  # the plain module, for checkpoints and evaluation
     optimizer: torch.optim.Optimizer = None
     scaler: torch.amp.GradScaler = None  # float16's loss scaling; a pass-through otherwise
     step: int = 0  # where training stands (these four are in every checkpoint)
@@ -264,7 +265,7 @@ def build(job):
     """The model and its optimizer, fresh or from the checkpoint, compiled and wrapped as asked."""
     args, rt, ckpt = job.args, job.rt, job.ckpt
     torch.manual_seed(args.seed)
-    model = LoopedGPT(job.config).to(rt.device)
+    model = DesignedGPT(job.config).to(rt.device)
     optimizer = model.configure_optimizers(args.weight_decay, args.learning_rate, rt.device_type)
     job.scaler = runtime.grad_scaler(rt)
     if ckpt is not None:

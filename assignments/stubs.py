@@ -1,7 +1,7 @@
 """
 Which functions each assignment asks students to write, by file and qualified name.
 make_student.py replaces the bodies of exactly these (docstring and signature kept) with a
-NotImplementedError, so the reference code in looped.py, lab/engine.py and lab/diagnose.py carries
+NotImplementedError, so the reference code in looped.py and the lab carries
 no markers of its own. Keep this list and the handout in step.
 """
 
@@ -10,10 +10,10 @@ ASSIGNMENTS = {
            ['looped.py::RMSNorm.forward', 'looped.py::Readout.forward']),
     'a2': ('The zero radial gradient, in closed form',
            ['lab/diagnose.py::rmsnorm_radial_grad']),
-    # the whole body of loops: the recurrence, and the lines the designs add to it (truncated
-    # backprop, the call of inject, the 1/K update); inject itself is A8's
+    # the recurrence: loops and what a pass starts from (carry); the designs' seams in lab/designs.py
+    # are A8's
     'a3': ('The loop: residual and normed recurrence',
-           ['looped.py::LoopedGPT.loops']),
+           ['looped.py::LoopedGPT.loops', 'looped.py::LoopedGPT.carry']),
     'a4': ('Dense versus terminal supervision',
            ['looped.py::LoopedGPT.supervision_loss']),
     'a5': ('The norm penalty, and the blind spot in training',
@@ -23,8 +23,8 @@ ASSIGNMENTS = {
     'a7': ('Calibrated early exit',
            ['lab/engine.py::exit_passes', 'lab/diagnose.py::exit_depths',
             'lab/diagnose.py::calibrate_exit']),
-    # the designs' math lives in functions that only a non-default design calls (injection != 'none',
-    # block='sandwich'), so that A3's loop, run under the defaults, never needs A8
+    # the designs' math lives in lab/designs.py, in functions that only a non-default design calls
+    # (injection != 'none', block='sandwich'), so that A3's loop, run under the defaults, never needs A8
     'a8': ("The field's designs",
-           ['looped.py::LoopedGPT.inject', 'looped.py::Block.sandwich_forward']),
+           ['lab/designs.py::DesignedGPT.inject', 'lab/designs.py::DesignBlock.sandwich_forward']),
 }

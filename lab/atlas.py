@@ -38,7 +38,7 @@ from data.common import read_dataset
 from lab.grid import ATLAS_READOUTS as READOUTS, DESIGNS, LogError, atlas_grid, group_runs, load_runs, run_grid
 from lab.norm_course import fit
 from lab.stats import paired_stats, sample_sd
-from looped import CHOICES
+from lab.designs import CHOICES
 from lab.report import (at_least, check_destination, markdown, pyplot, run_main, save_figure, split_flags, tool_parser,
                         train_flags, write_csv, write_text)
 

@@ -51,7 +51,7 @@ from lab.report import fail, markdown
 from lab.runs import condition_name, load_model
 from lab.runtime import compile_regions, fmt_mfu, peak_flops, resolve_device, synchronize
 from lab.engine import EXITS, KVCache, generate, next_logprobs
-from looped import LoopedConfig, LoopedGPT
+from lab.designs import DesignConfig, DesignedGPT
 
 PROG = 'python -m lab.bench'
 
@@ -185,7 +185,7 @@ def main(argv=None):
     print(rt.describe())
     device = rt.device
     torch.manual_seed(args.seed)
-    model = LoopedGPT(config).to(device)
+    model = DesignedGPT(config).to(device)
     optimizer = model.configure_optimizers(args.weight_decay, args.learning_rate, rt.device_type)
     if rt.compile:
         compile_regions(model)
@@ -284,7 +284,7 @@ def generation(mine, args):
             what = f"{mine.ckpt} (step {ckpt['step']})"
         else:
             torch.manual_seed(args.seed)
-            model, what = LoopedGPT(train.model_config(args, mine.vocab_size)).to(rt.device).eval(), 'random weights'
+            model, what = DesignedGPT(train.model_config(args, mine.vocab_size)).to(rt.device).eval(), 'random weights'
     except ValueError as e:
         fail(PROG, e)
     c = model.config
@@ -303,10 +303,10 @@ def generation(mine, args):
 # ---- the suite ----
 
 def build(rt, vocab_size, batch, compile=False, seed=0, **fields):
-    """A model (LoopedConfig fields) on rt's device, its optimizer, and a batch of random tokens."""
-    config = LoopedConfig(vocab_size=vocab_size, dropout=0.0, **fields)
+    """A model (DesignConfig fields) on rt's device, its optimizer, and a batch of random tokens."""
+    config = DesignConfig(vocab_size=vocab_size, dropout=0.0, **fields)
     torch.manual_seed(seed)
-    model = LoopedGPT(config).to(rt.device)
+    model = DesignedGPT(config).to(rt.device)
     optimizer = model.configure_optimizers(0.01, 3e-4, rt.device_type)
     if compile:
         compile_regions(model)

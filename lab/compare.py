@@ -16,6 +16,7 @@ the noise.
 """
 
 import argparse
+import dataclasses
 import importlib.util
 import inspect
 import os
@@ -25,9 +26,9 @@ import time
 import torch
 
 from lab import engine
+from lab.designs import DesignConfig, DesignedGPT
 from lab.report import fail, one_line_errors
 from lab.runs import load_checkpoint
-import looped
 
 PROG = 'python -m lab.compare'
 
@@ -54,9 +55,16 @@ def twins(other, ckpt):
         config, weights = state['config'], state['model']
     else:
         torch.manual_seed(0)
-        config = looped.LoopedConfig().to_dict()
-        weights = looped.LoopedGPT(looped.LoopedConfig(**config)).state_dict()
-    models = [module.LoopedGPT(module.LoopedConfig(**config)) for module in (other, looped)]
+        config = DesignConfig().to_dict()
+        weights = DesignedGPT(DesignConfig(**config)).state_dict()
+    # the other checkout's looped.py alone: the paper's model, or (before the designs moved to lab/) every design
+    known, defaults = {f.name for f in dataclasses.fields(other.LoopedConfig)}, DesignConfig().to_dict()
+    missing = [name for name, value in config.items() if name not in known and value != defaults[name]]
+    if missing:
+        fail(PROG, f"the other checkout's looped.py has no {', '.join(missing)}: compare a model of the paper's "
+                   "fields alone")
+    theirs = other.LoopedGPT(other.LoopedConfig(**{n: v for n, v in config.items() if n in known}))
+    models = [theirs, DesignedGPT(DesignConfig(**config))]
     for model in models:
         model.load_state_dict(weights)
     return models

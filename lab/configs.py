@@ -1,7 +1,8 @@
 """
 The named configurations of train.py --config: sizes, steps, evaluation and learning rate of each. Any flag given
-on the command line overrides its value here; the model flags themselves are described in looped.LoopedConfig, and
-made here (add_model_flags: one flag per field, its help the field's comment, its choices looped.CHOICES'), and
+on the command line overrides its value here; the model flags themselves are described in looped.LoopedConfig (the
+paper's) and lab/designs.py's DesignConfig (the other designs'), and made here (add_model_flags: one flag per field,
+its help the field's comment, its choices lab.designs.CHOICES'), and
 train.py's other flags are checked here (bad_training_flag, given_flags).
 """
 
@@ -11,7 +12,8 @@ import math
 import re
 from dataclasses import fields
 
-from looped import CHOICES, LoopedConfig
+from lab.designs import CHOICES, DesignConfig
+from looped import LoopedConfig
 
 # 'laptop' is the default and changes nothing: train.py's own defaults (and LoopedConfig's) are the laptop run,
 # which on a 2-core CPU trains, evaluates and checkpoints in a few minutes and whose log shows the blind spot.
@@ -53,7 +55,7 @@ def steps_from_epochs(epochs, n_tokens, block_size, global_batch):
     return math.ceil(epochs * windows / global_batch), windows
 
 
-# ---- the model's flags and names, derived from looped.LoopedConfig's fields
+# ---- the model's flags and names, derived from the fields of DesignConfig (LoopedConfig's, then the designs')
 #
 # Every field is a train.py flag whose help is the field's own comment in looped.py. Every field that is not
 # the shape or an implementation choice is a variant: a run folder's name and a condition's name (lab/runs.py)
@@ -69,17 +71,23 @@ NAMED = {('norm_penalty', 0.01): ' + penalty'}  # the paper's penalty, as the gr
 
 
 def variant_fields():
-    """The LoopedConfig fields that make a condition, in their order."""
-    return [f for f in fields(LoopedConfig) if f.name not in NOT_VARIANTS]
+    """The DesignConfig fields that make a condition, in their order; the gate's two follow supervision, where they
+    stood when the committed gate runs were named."""
+    variants = [f for f in fields(DesignConfig) if f.name not in NOT_VARIANTS]
+    gate = [f for f in variants if f.name in ('gate_input', 'gate_beta')]
+    rest = [f for f in variants if f not in gate]
+    at = [f.name for f in rest].index('supervision') + 1
+    return rest[:at] + gate + rest[at:]
 
 
 def field_help():
-    """{field: its comment in looped.py's LoopedConfig}: the help of train.py's flags."""
-    source = inspect.getsource(LoopedConfig)
+    """{field: its comment in looped.py's LoopedConfig or lab/designs.py's DesignConfig (which wins)}: the help of
+    train.py's flags."""
+    source = inspect.getsource(LoopedConfig) + inspect.getsource(DesignConfig)
     return dict(re.findall(r'^    (\w+): [^=\n]+=[^#\n]+#\s*(.+)$', source, flags=re.M))
 
 
-# ---- train.py's flags: one per LoopedConfig field, and the argparse types and help they need
+# ---- train.py's flags: one per DesignConfig field, and the argparse types and help they need
 
 def str2bool(s):
     """argparse type for booleans: plain type=bool would turn the string 'False' into True."""
@@ -108,10 +116,10 @@ BOOLEAN = dict(type=str2bool, nargs='?', const=True)  # a boolean flag: --flag a
 
 
 def add_model_flags(p):
-    """One flag per LoopedConfig field (but vocab_size, set from the data), its help the field's
-    comment in looped.py, its choices CHOICES'."""
+    """One flag per DesignConfig field (but vocab_size, set from the data), its help the field's
+    comment in looped.py or lab/designs.py, its choices CHOICES'."""
     helps = field_help()
-    for f in fields(LoopedConfig):
+    for f in fields(DesignConfig):
         t = str(f.type)
         if f.name == 'vocab_size':
             continue

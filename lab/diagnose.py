@@ -51,7 +51,7 @@ def windows(tokens, T, max_windows=None):
 
 def readout_logp(model, h, k):
     """Loop k's log-probabilities from h_k, in float32 (the entropy and KL scores need them exact)."""
-    return F.log_softmax(model.exit_logits(h, k).float(), dim=-1)  # (B, T, V)
+    return F.log_softmax(model.lm_head(model.exit_input(h, k)).float(), dim=-1)  # (B, T, V)
 
 
 def rms(h):
@@ -483,7 +483,7 @@ def precision_losses(model, x, y, K, batch_size=32):
             with torch.autocast(device, dtype=torch.bfloat16, enabled=mode == 'bf16_autocast'):
                 for k, h in model.loops(model.embed(xb), 2 * K, edit=rounding):
                     if k in (K, 2 * K):  # weighted by the batch's windows: the last batch may be smaller
-                        sums[mode][k // K - 1] += len(xb) * model.exit_loss(h, k, yb)[1].float().item()
+                        sums[mode][k // K - 1] += len(xb) * model.head_loss(model.exit_input(h, k), yb)[1].float().item()
     return {mode: (total / len(x)).tolist() for mode, total in sums.items()}
 
 

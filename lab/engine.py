@@ -104,7 +104,9 @@ def next_gate(model, h, k, cache=None):
 def next_logits(model, h, k, cache=None):
     """Loop k's logits for the token after the last position, (B, T, C) -> (B, V). A coda attends,
     so it runs on every position (a cache holds the earlier ones); without one the last will do."""
-    return model.exit_logits(h if model.coda else h[:, -1:, :], k, cache)[:, -1, :]
+    coda = getattr(model, 'coda', None)  # looped.py's LoopedGPT has none; lab/designs.py's may
+    x = model.exit_input(h if coda else h[:, -1:, :], k, cache)[:, -1, :]  # (B, C)
+    return model.lm_head(x)
 
 
 @torch.inference_mode()
@@ -113,7 +115,7 @@ def next_logprobs(model, window, n_loop, exit_rule=None, exit_threshold=None, ca
     which each sequence exited (the first whose readout passes the rule, or n_loop). A sequence that
     stopped keeps its own loop's readout while the others go on. With a cache only the positions
     after its length run; a prefill (an empty cache) runs every loop, to fill the cache."""
-    if exit_rule == 'gate' and model.exit_gate is None:
+    if exit_rule == 'gate' and getattr(model, 'exit_gate', None) is None:
         raise ValueError("exit rule 'gate' needs a model trained with --supervision=gated; this "
                          "one has no exit gate (use confidence, kl or latent)")
     B, prefill = window.size(0), cache is None or cache.length == 0

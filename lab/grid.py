@@ -32,13 +32,13 @@ from collections import namedtuple
 from dataclasses import fields
 
 from lab.runs import condition_name
-from looped import LoopedConfig
+from lab.designs import DesignConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository, where train.py is
 
 def flags_name(flags):
     """The condition name of a list of train.py model flags ('--name=value'), as condition_name names its run."""
-    cfg = {f.name: f.default for f in fields(LoopedConfig)}
+    cfg = {f.name: f.default for f in fields(DesignConfig)}
     for flag in flags:
         name, value = flag[2:].split('=', 1)
         cfg[name] = type(cfg[name])(value) if cfg[name] is not None else float(value)
@@ -216,7 +216,7 @@ def load_run(folder):
     if not records:
         raise LogError(f"{folder}: log.jsonl has no evaluation yet")
     # flags added since a log was written are at their defaults there, so an older run still pairs with a newer one
-    model_defaults = {f.name: f.default for f in fields(LoopedConfig) if f.name != 'vocab_size'}
+    model_defaults = {f.name: f.default for f in fields(DesignConfig) if f.name != 'vocab_size'}
     config = {**model_defaults, **NEWER_FLAGS, **head['config']}
     config['model'] = cfg = {**model_defaults, **head['config']['model']}
     # K is each run's own: runs of different depths can share one plot

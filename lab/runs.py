@@ -38,7 +38,7 @@ import torch
 
 from data.common import write_atomically
 from lab.configs import LABELS, NAMED, TAGS, variant_fields
-from looped import LoopedConfig, LoopedGPT
+from lab.designs import DesignConfig, DesignedGPT
 
 FILES = ('log.jsonl', 'ckpt.pt', 'run.lock')
 
@@ -72,7 +72,7 @@ def load_model(path, device='cpu'):
     path = os.path.join(path, 'ckpt.pt') if os.path.isdir(path) else path
     ckpt = load_checkpoint(path, device)
     try:
-        model = LoopedGPT(LoopedConfig(**ckpt['config']))
+        model = DesignedGPT(DesignConfig(**ckpt['config']))
         model.load_state_dict(ckpt['model'])
     except (TypeError, RuntimeError) as e:  # a config with unknown fields, or weights of another shape
         raise ValueError(f"checkpoint {path}: its weights do not fit its own config ({type(e).__name__}: "
@@ -337,17 +337,17 @@ class Interrupts:
         return bool(self.received)
 
 
-# the flags that describe the model, one per LoopedConfig field but the vocabulary (which comes from the data): on
+# the flags that describe the model, one per DesignConfig field but the vocabulary (which comes from the data): on
 # --resume they come from the checkpoint, and one given with another value is an error (a resumed run cannot
 # change its model)
-MODEL_FLAGS = tuple(f.name for f in fields(LoopedConfig) if f.name != 'vocab_size')
+MODEL_FLAGS = tuple(f.name for f in fields(DesignConfig) if f.name != 'vocab_size')
 
 
 def resumed_config(ckpt, args, given):
     """The model a resumed run trains: the checkpoint's (the other flags, max_iters, intervals..., may change). A
     model flag typed with another value is an error, and the saved args are made to describe the checkpoint's
     model whatever --config says."""
-    config = LoopedConfig(**ckpt['config'])
+    config = DesignConfig(**ckpt['config'])
     for name in sorted(given & set(MODEL_FLAGS)):
         if getattr(args, name) != getattr(config, name):
             raise ValueError(f"--{name}={getattr(args, name)} differs from the checkpoint's {getattr(config, name)}; "
@@ -372,6 +372,12 @@ def checkpoint_state(raw_model, optimizer, scaler, args, step, best_val_loss, la
 def restore(ckpt, model, optimizer, scaler, data, args, rank, device_type):
     """Load weights, optimizer, GradScaler and RNG states from a checkpoint. Returns (step, best val loss, last
     eval step). A scaler saved disabled (not float16) has no state: a float16 resume of it starts a fresh one."""
+    # the optimizer's state is matched to the parameters by their order: one saved in another order would land
+    # on the wrong parameters (lab/designs.py's make_stack registers the prelude, coda and concat adapter before
+    # the stack; a checkpoint written before the designs moved there has them after it)
+    if list(ckpt['model']) != list(model.state_dict()):
+        raise ValueError("the checkpoint's parameters are in another order than this model's, so its optimizer "
+                         "state cannot be restored; it was written by an older looped.py: start a new run")
     model.load_state_dict(ckpt['model'])
     optimizer.load_state_dict(ckpt['optimizer'])
     if ckpt.get('scaler') and scaler.is_enabled():

@@ -110,7 +110,7 @@ def compile_regions(model):
     # torch.compile has no double backward, which the Jacobian penalty's estimate needs
     for block in [] if model.config.jacobian_penalty > 0 else [*model.blocks, *model.prelude, *model.coda]:
         block.compile()
-    # an attribute of the method's own name: every caller (exit_loss, and so forward) gets the compiled
+    # an attribute of the method's own name: every caller (loop_loss, and so forward) gets the compiled
     # one, and `del model.head_loss` brings back the plain method
     model.head_loss = torch.compile(model.head_loss)
     return model

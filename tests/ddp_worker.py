@@ -15,7 +15,7 @@ import train  # noqa: E402  (after the path: this file runs as a script from any
 models = []
 
 
-class Recorded(train.LoopedGPT):
+class Recorded(train.DesignedGPT):
     """The model train.py builds, remembered so that its weights can be saved once main() returns."""
 
     def __init__(self, *args, **kwargs):
@@ -23,7 +23,7 @@ class Recorded(train.LoopedGPT):
         models.append(self)
 
 
-train.LoopedGPT = Recorded
+train.DesignedGPT = Recorded
 train.main(sys.argv[1:])
 weights = {name: t.detach().cpu().clone() for name, t in models[-1].state_dict().items()}
 torch.save(weights, os.path.join(os.environ['WEIGHTS_DIR'], f"rank{os.environ['RANK']}.pt"))

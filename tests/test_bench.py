@@ -12,7 +12,7 @@ import torch
 from conftest import ROOT
 from lab import bench
 from lab.runtime import resolve_device
-from looped import LoopedConfig, LoopedGPT
+from lab.designs import DesignConfig, DesignedGPT
 
 SMALL = ['--vocab_size=50257', '--n_embd=64', '--n_layer=1', '--n_head=2', '--batch_size=4', '--block_size=64',
          '--steps=1', '--warmup=1']
@@ -24,7 +24,7 @@ def saved_mib(supervision, n_loop=4):
     resident memory, which this test read before, also holds what the allocator kept from other work and varied
     from run to run (per_loop 236-260 MiB against terminal 207-220 on an idle machine), so it failed at random."""
     torch.manual_seed(0)
-    model = LoopedGPT(LoopedConfig(vocab_size=50257, n_embd=64, n_layer=1, n_head=2, block_size=64,
+    model = DesignedGPT(DesignConfig(vocab_size=50257, n_embd=64, n_layer=1, n_head=2, block_size=64,
                                    n_loop=n_loop, supervision=supervision))
     x, y = torch.randint(50257, (2, 4, 64))
     return bench.saved_for_backward_mib(model, resolve_device('cpu', 'float32', False), x, y)
@@ -76,9 +76,9 @@ def test_full_depth_score_reads_generates_windows():
     import torch
     from lab.bench import full_depth_score
     from lab.engine import generate, next_logprobs
-    from looped import LoopedConfig, LoopedGPT
+    from lab.designs import DesignConfig, DesignedGPT
     torch.manual_seed(0)
-    model = LoopedGPT(LoopedConfig(vocab_size=11, block_size=16, n_embd=32, n_head=2, n_layer=1, n_loop=3)).eval()
+    model = DesignedGPT(DesignConfig(vocab_size=11, block_size=16, n_embd=32, n_head=2, n_layer=1, n_loop=3)).eval()
     prompt = torch.randint(11, (3, 5), generator=torch.Generator().manual_seed(1))
     idx, _ = generate(model, prompt, 60, top_k=1, cache=False)
     loss, agree = full_depth_score(model, idx, 5, 3)
@@ -107,8 +107,8 @@ def test_generation_tokens_per_second_count_every_sequence_of_the_batch(monkeypa
     """The timing table's arithmetic, with the clock replaced: tokens/s is batch x new tokens / seconds, for
     the batch that was really generated (8 sequences, not one of them), and the speed-up is their ratio."""
     from lab import bench
-    from looped import LoopedConfig, LoopedGPT
-    model = LoopedGPT(LoopedConfig(vocab_size=11, block_size=16, n_embd=16, n_head=2, n_layer=1, n_loop=2))
+    from lab.designs import DesignConfig, DesignedGPT
+    model = DesignedGPT(DesignConfig(vocab_size=11, block_size=16, n_embd=16, n_head=2, n_layer=1, n_loop=2))
     seen = []
 
     def clock(model, prompt, new, cache):  # 1 ms a token per sequence cached, 4 ms recomputing
@@ -129,9 +129,9 @@ def test_compare_times_this_checkout_against_another_and_refuses_a_folder_withou
     import pytest
     import torch
     from lab import compare
-    from looped import LoopedConfig, LoopedGPT
-    config = LoopedConfig(vocab_size=11, block_size=16, n_embd=16, n_head=2, n_layer=1, n_loop=2)
-    torch.save({'model': LoopedGPT(config).state_dict(), 'config': config.to_dict(), 'step': 0},
+    from lab.designs import DesignConfig, DesignedGPT
+    config = DesignConfig(vocab_size=11, block_size=16, n_embd=16, n_head=2, n_layer=1, n_loop=2)
+    torch.save({'model': DesignedGPT(config).state_dict(), 'config': config.to_dict(), 'step': 0},
                tmp_path / 'ckpt.pt')
     monkeypatch.chdir(ROOT)
     compare.main(['--against=.', f'--ckpt={tmp_path}', '--rounds=2', '--gen_rounds=2', '--tokens=8'])

@@ -11,7 +11,7 @@ import torch
 
 import train
 from lab.runs import load_model
-from looped import CHOICES, Block, LoopedConfig
+from lab.designs import CHOICES, DesignBlock, DesignConfig
 from test_designs import BASE, record_passes, tiny, tokens
 
 # ---- Parcae's diagonal injection
@@ -85,7 +85,7 @@ def test_a_damped_pass_2_starts_from_sigmoid_2_times_h_1_and_h_1_is_read_out_und
     with torch.no_grad():
         e = model.embed(x)
         states = [h for _, h in model.loops(e, 3)]
-        first = Block.forward(model.blocks[0], e)  # pass 1 from e, with nothing damped
+        first = model.blocks[0](e)  # pass 1 from e, with nothing damped
     assert torch.allclose(states[0], first, atol=1e-6)  # the yielded (read out) h_1
     assert torch.allclose(inputs[1], torch.sigmoid(torch.tensor(2.0)) * states[0], atol=1e-6)
     assert abs(torch.sigmoid(model.damping).item() - 0.8808) < 1e-4
@@ -103,7 +103,7 @@ def test_the_dampings_gradient_reaches_its_parameter():
 @pytest.mark.parametrize('scale', [1e-3, 1.0, 1e3])
 def test_a_deepnorm_block_hands_on_the_rms_of_its_gain_whatever_the_input_scale(scale):
     torch.manual_seed(0)
-    block = Block(LoopedConfig(**BASE, block='deepnorm'))
+    block = DesignBlock(DesignConfig(**BASE, block='deepnorm'))
     with torch.no_grad():
         block.norm_2.weight.fill_(2.5)
         out = block(scale * torch.randn(2, 8, 16))
@@ -112,7 +112,7 @@ def test_a_deepnorm_block_hands_on_the_rms_of_its_gain_whatever_the_input_scale(
 
 def test_a_deepnorm_block_is_post_ln_with_alpha_sqrt_2n_by_hand():
     torch.manual_seed(0)
-    block = Block(LoopedConfig(**BASE, block='deepnorm'))  # N = 1 layer x 3 loops
+    block = DesignBlock(DesignConfig(**BASE, block='deepnorm'))  # N = 1 layer x 3 loops
     alpha = math.sqrt(2 * 3)
     with torch.no_grad():
         block.norm_1.weight.copy_(torch.linspace(0.5, 2.0, 16))
@@ -152,7 +152,7 @@ def test_the_jacobian_estimate_is_v_times_the_passs_full_jacobian():
     torch.manual_seed(5)
     v = torch.randn(1, 8, 16)
     v = v / v.norm()
-    one_pass = lambda s: next(model.loops(e, 1, h=s))[1]
+    one_pass = lambda s: model.loop_pass(s, e, 1, 1)
     J = torch.autograd.functional.jacobian(one_pass, h)  # (1, 8, 16, 1, 8, 16): output by input
     want = (v.flatten() @ J.reshape(128, 128)).norm()
     assert torch.allclose(got, want, rtol=1e-4)

@@ -9,13 +9,13 @@ import pytest
 
 from lab import cost
 from lab.grid import COST, COST_SEEDS, load_run
-from looped import LoopedConfig
+from lab.designs import DesignConfig
 
 
 def fake_run(root, cell, seed, losses, norm=100.0, turn=2.0):
     """A finished run folder of one cell of the grid: validation losses at depths 1..2K at its last step."""
     flags = dict(a[2:].split('=', 1) for a in COST[cell] if not a.startswith(('--max_iters', '--eval', '--log')))
-    model = LoopedConfig(n_layer=int(flags['n_layer']), n_loop=int(flags.get('n_loop', 4)), readout=flags['readout'],
+    model = DesignConfig(n_layer=int(flags['n_layer']), n_loop=int(flags.get('n_loop', 4)), readout=flags['readout'],
                          norm_penalty=float(flags.get('norm_penalty', 0))).to_dict()
     K = model['n_loop']
     folder = root / f"{cell.replace(' + ', '-')}-seed{seed}"
@@ -105,9 +105,9 @@ def test_a_run_committed_finished_is_not_trained_again(tmp_path):
 def test_the_logged_turn_is_the_angle_between_consecutive_states_by_hand():
     import torch
     from lab.report import state_turn
-    from looped import LoopedGPT
+    from lab.designs import DesignedGPT
     torch.manual_seed(0)
-    model = LoopedGPT(LoopedConfig(vocab_size=11, block_size=8, n_embd=16, n_head=2, n_layer=1, n_loop=3)).eval()
+    model = DesignedGPT(DesignConfig(vocab_size=11, block_size=8, n_embd=16, n_head=2, n_layer=1, n_loop=3)).eval()
     x = torch.randint(11, (2, 8), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         states = [model.embed(x)] + [h for _, h in model.loops(model.embed(x), 6)]
@@ -121,9 +121,9 @@ def test_the_logged_turn_is_the_angle_between_consecutive_states_by_hand():
 def test_precision_in_float32_is_the_models_own_loss_at_k_and_2k():
     import torch
     from lab.diagnose import precision_losses
-    from looped import LoopedGPT
+    from lab.designs import DesignedGPT
     torch.manual_seed(0)
-    model = LoopedGPT(LoopedConfig(vocab_size=11, block_size=8, n_embd=16, n_head=2, n_layer=1, n_loop=2)).eval()
+    model = DesignedGPT(DesignConfig(vocab_size=11, block_size=8, n_embd=16, n_head=2, n_layer=1, n_loop=2)).eval()
     g = torch.Generator().manual_seed(1)
     x, y = torch.randint(11, (6, 8), generator=g), torch.randint(11, (6, 8), generator=g)
     got = precision_losses(model, x, y, 2, batch_size=4)  # batches of 4 and 2 windows: weighted by their size

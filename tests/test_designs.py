@@ -19,14 +19,14 @@ from conftest import ROOT
 from lab.runs import condition_name, load_model
 from lab import engine
 from lab.engine import exit_passes, generate, latent_change
-from looped import Block, LoopedConfig, LoopedGPT, sampled_depth
+from lab.designs import DesignBlock, DesignConfig, DesignedGPT, sampled_depth
 
 BASE = dict(vocab_size=11, block_size=8, n_embd=16, n_head=2, n_layer=1, n_loop=3)
 
 
 def tiny(seed=0, **kw):
     torch.manual_seed(seed)
-    return LoopedGPT(LoopedConfig(**{**BASE, **kw}))
+    return DesignedGPT(DesignConfig(**{**BASE, **kw}))
 
 
 def tokens(B=2, T=8, seed=1):
@@ -35,13 +35,13 @@ def tokens(B=2, T=8, seed=1):
 
 
 def record_passes(model):
-    """Wrap loop_step: returns the list that every pass's input is appended to."""
-    inputs, step = [], model.loop_step
-    model.loop_step = lambda h, *cache: inputs.append(h) or step(h, *cache)
+    """Hook the stack's first layer: returns the list that every pass's input is appended to."""
+    inputs = []
+    model.blocks[0].register_forward_pre_hook(lambda layer, args: inputs.append(args[0]))
     return inputs
 
 
-# ---- the registry: a design is its LoopedConfig field
+# ---- the registry: a design is its DesignConfig field
 
 # a value other than the default for every field train.py has a flag for, all valid together
 NON_DEFAULT = dict(block_size=16, n_embd=16, n_head=2, n_layer=1, n_loop=3, dropout=0.1, supervision='terminal',
@@ -53,9 +53,9 @@ NON_DEFAULT = dict(block_size=16, n_embd=16, n_head=2, n_layer=1, n_loop=3, drop
 
 
 def test_every_config_field_is_a_flag_that_reaches_the_model_and_the_checkpoint(small_data, tmp_path):
-    assert set(NON_DEFAULT) == {f.name for f in fields(LoopedConfig)} - {'vocab_size'}, \
-        "a LoopedConfig field was added or removed: give it a non-default value in NON_DEFAULT"
-    for f in fields(LoopedConfig):
+    assert set(NON_DEFAULT) == {f.name for f in fields(DesignConfig)} - {'vocab_size'}, \
+        "a DesignConfig field was added or removed: give it a non-default value in NON_DEFAULT"
+    for f in fields(DesignConfig):
         if f.name in NON_DEFAULT:
             assert NON_DEFAULT[f.name] != f.default, f.name
     out = tmp_path / 'run'
@@ -140,7 +140,7 @@ def test_the_prelude_runs_once_and_the_coda_at_every_readout(supervision):
     assert calls == {'prelude': 1, 'coda': 3}, calls  # every loop is decoded, so every readout goes through the coda
     # the carried and logged state is the core's output, before the coda
     with torch.no_grad():
-        h = model.loop_step(model.embed(x))
+        h = model.loop_pass(model.embed(x), model.embed(x), 1, 1)
     assert torch.allclose(stats['hidden_norm'][0], h.norm(dim=-1).mean())
     # the next-token logits of a coda model see the whole sequence, as in a full forward pass
     with torch.no_grad():
@@ -152,12 +152,12 @@ def test_the_prelude_runs_once_and_the_coda_at_every_readout(supervision):
 @pytest.mark.parametrize('scale', [1e-3, 1.0, 1e3])
 def test_a_sandwich_block_hands_on_the_rms_of_its_last_gain_whatever_the_input_scale(scale):
     torch.manual_seed(0)
-    block = Block(LoopedConfig(**BASE, block='sandwich'))
+    block = DesignBlock(DesignConfig(**BASE, block='sandwich'))
     with torch.no_grad():
         block.post_mlp.weight.fill_(2.5)
         out = block(scale * torch.randn(2, 8, 16))
     assert torch.allclose(out.pow(2).mean(-1).sqrt(), torch.full((2, 8), 2.5), rtol=1e-3)
-    prenorm = Block(LoopedConfig(**BASE))
+    prenorm = DesignBlock(DesignConfig(**BASE))
     with torch.no_grad():
         assert prenorm(scale * torch.randn(2, 8, 16)).pow(2).mean().sqrt() > scale / 10  # a pre-norm block keeps scale
 
@@ -166,7 +166,7 @@ def test_a_sandwich_block_normalizes_both_sublayer_sums_by_hand():
     """Its output RMS alone cannot tell whether the norm after attention is there; the block written out can:
     y = g2 * u(x1 + mlp(norm_2(x1))) with x1 = g1 * u(x + attn(norm_1(x))) and u(v) = v / rms(v)."""
     torch.manual_seed(0)
-    block = Block(LoopedConfig(**BASE, block='sandwich'))
+    block = DesignBlock(DesignConfig(**BASE, block='sandwich'))
     with torch.no_grad():
         block.post_attn.weight.copy_(torch.linspace(0.5, 2.0, 16))  # gains that differ, so each norm shows
         block.post_mlp.weight.copy_(torch.linspace(2.0, 0.5, 16))
@@ -192,20 +192,20 @@ def expected_sampled_mean(K, sigma=0.5):
 
 
 def test_sampled_depths_have_the_distributions_mean_and_range():
-    config = LoopedConfig(**{**BASE, 'n_loop': 4}, depth_sampling='poisson_lognormal')
+    config = DesignConfig(**{**BASE, 'n_loop': 4}, depth_sampling='poisson_lognormal')
     r = np.array([sampled_depth(config, 7, step) for step in range(20000)])
     assert r.min() == 1 and r.max() == 8, (r.min(), r.max())
     want = expected_sampled_mean(4)
     assert abs(r.mean() - want) < 0.04, (r.mean(), want)  # 20,000 draws: standard error about 0.013
     assert 3.8 < want < 4.0  # mean K = 4 before the clamp, which trims the tail above 2K
-    assert sampled_depth(LoopedConfig(**{**BASE, 'n_loop': 4}), 7, 3) == 4  # fixed depth: K at every step
+    assert sampled_depth(DesignConfig(**{**BASE, 'n_loop': 4}), 7, 3) == 4  # fixed depth: K at every step
 
 
 def test_sampled_depths_are_the_same_in_another_process():
-    code = ("from looped import LoopedConfig, sampled_depth; c = LoopedConfig(n_loop=4, depth_sampling="
+    code = ("from lab.designs import DesignConfig, sampled_depth; c = DesignConfig(n_loop=4, depth_sampling="
             "'poisson_lognormal'); print([sampled_depth(c, 3, s) for s in range(40)])")
     other = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True, check=True)
-    config = LoopedConfig(n_loop=4, depth_sampling='poisson_lognormal')
+    config = DesignConfig(n_loop=4, depth_sampling='poisson_lognormal')
     assert other.stdout.strip() == str([sampled_depth(config, 3, s) for s in range(40)])
 
 
@@ -222,15 +222,15 @@ def test_sampled_depth_trains_at_the_drawn_count_and_resumes_the_same_sequence(s
     train.main([*flags, '--out_dir', str(tmp_path / 'b'), '--max_iters=3', '--seed=5'])
     train.main([*flags, '--out_dir', str(tmp_path / 'b'), '--max_iters=6', '--resume'])  # the seed is the run's
     resumed = drawn_depths(capsys.readouterr().out)
-    config = LoopedConfig(n_loop=2, depth_sampling='poisson_lognormal')
+    config = DesignConfig(n_loop=2, depth_sampling='poisson_lognormal')
     assert whole == resumed == [sampled_depth(config, 5, s) for s in range(6)]
     assert len(set(whole)) > 1
 
 
 def test_training_uses_the_drawn_loop_count(small_data, tmp_path, monkeypatch):
     counts = []
-    forward = LoopedGPT.forward
-    monkeypatch.setattr(LoopedGPT, 'forward', lambda self, *a, n_loop=None, **k: (self.training and counts.append(n_loop))
+    forward = DesignedGPT.forward
+    monkeypatch.setattr(DesignedGPT, 'forward', lambda self, *a, n_loop=None, **k: (self.training and counts.append(n_loop))
                         or forward(self, *a, n_loop=n_loop, **k))
     monkeypatch.setattr(train, 'sampled_depth', lambda config, seed, step: 1 + step % 3)
     train.main(['--dataset', small_data, '--out_dir', str(tmp_path / 'r'), '--n_layer=1', '--n_embd=16', '--n_head=2',
@@ -291,7 +291,7 @@ def test_the_latent_rule_on_hand_made_states():
 def test_the_exit_benchmark_drops_exited_rows_of_e_too():
     """The per-sequence benchmark removes exited sequences from the batch mid-loop; the injected e must follow."""
     from lab import diagnose
-    from looped import CHOICES
+    from lab.designs import CHOICES
     for injection in CHOICES['injection'][1:]:  # every injection there is: each adds e to a pass
         model = tiny(injection=injection).eval()
         x, y = tokens(B=6)
@@ -434,4 +434,4 @@ def test_inverse_k_residual_scale_divides_each_pass_update_by_k():
     scaled.load_state_dict(plain.state_dict())
     h = torch.randn(2, 8, 16)
     with torch.no_grad():
-        assert torch.allclose(next(scaled.loops(h, 1))[1], h + (plain.loop_step(h) - h) / 3, atol=1e-6)
+        assert torch.allclose(next(scaled.loops(h, 1))[1], h + (plain.loop_pass(h, h, 1, 1) - h) / 3, atol=1e-6)

@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from lab import diagnose
-from looped import LoopedConfig, LoopedGPT
+from lab.designs import DesignConfig, DesignedGPT
 
 
 def tiny(**kw):
     torch.manual_seed(0)
     cfg = dict(vocab_size=11, block_size=8, n_embd=32, n_head=4, n_layer=1, n_loop=3)
-    return LoopedGPT(LoopedConfig(**{**cfg, **kw})).eval()
+    return DesignedGPT(DesignConfig(**{**cfg, **kw})).eval()
 
 
 def data(n_windows=6, T=8, seed=0):
@@ -197,7 +197,7 @@ def test_radial_clamps_on_known_updates():
 def test_lemma_check_on_a_loop_that_doubles_its_input(monkeypatch):
     """A pass h -> 2h is purely radial: s_k = 2^k s_0, radial increment s_{k-1}, no turn at all."""
     model, (x, _) = tiny(), data()
-    monkeypatch.setattr(model, 'loop_step', lambda h, *cache: 2 * h)
+    monkeypatch.setattr(model, 'loop_pass', lambda h, e, k, n_loop, cache=None: 2 * h)
     table = diagnose.lemma_check(model, x, n_loop=5)
     s0 = model.embed(x).pow(2).mean(-1).sqrt().mean().item()
     assert table.shape == (5, 4)

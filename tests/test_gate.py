@@ -52,7 +52,7 @@ def test_with_the_gate_uniform_the_cross_entropy_part_is_per_loop_supervisions()
     K = 3
     with torch.no_grad():
         e = gated.embed(x)
-        ces = [gated.exit_loss(h, k, y, 'none')[1] for k, h in gated.loops(e, K)]
+        ces = [gated.loop_loss(h, k, y)[1] for k, h in gated.loops(e, K)]
         # lambda_k = 1 / (K - k + 1): p_k = 1/K at every loop
         uniform = [torch.full(x.shape, math.log(1 / (K - k + 1) / (1 - 1 / (K - k + 1)))) for k in range(1, K)]
         loss, p = gated.gated_loss(ces, uniform + [torch.zeros(x.shape)])

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from lab import engine
 from lab.engine import KVCache, generate, next_logits, next_logprobs
 from lab.configs import variant_fields
-from looped import CHOICES, LoopedConfig, LoopedGPT
+from lab.designs import CHOICES, DesignConfig, DesignedGPT
 
 BASE = dict(vocab_size=11, block_size=32, n_embd=32, n_head=2, n_layer=2, n_loop=3)
 # every design generate supports, derived from the config so that a new field is tested with no
@@ -22,7 +22,7 @@ DESIGNS = [{}, *({name: value} for name, values in CHOICES.items() for value in 
 
 def tiny(seed=0, **kw):
     torch.manual_seed(seed)
-    return LoopedGPT(LoopedConfig(**{**BASE, **kw})).eval()
+    return DesignedGPT(DesignConfig(**{**BASE, **kw})).eval()
 
 
 def prompts(B=2, T=5, seed=1):

@@ -13,7 +13,7 @@ from torch._inductor.utils import run_and_get_code
 from lab.runs import load_model
 from lab.runtime import compile_regions
 from lab.engine import generate
-from looped import LoopedConfig, LoopedGPT
+from lab.designs import DesignConfig, DesignedGPT
 from test_train import read_log, run_train
 
 # bf16 keeps about 3 significant digits; after 8 steps the compiled bf16 run stays within 1% of fp32 eager
@@ -49,9 +49,9 @@ def test_compiled_head_loss_never_writes_float32_logits():
     the compiled forward and backward allocate is bf16, where eager writes float32 copies; loss and gradients match
     the eager model's. (Read from the code Inductor generates, so a torch that stops fusing fails here.)"""
     V, N = 1009, 2 * 16  # V prime and N tokens != n_embd, so only a logits-sized buffer has N * V elements
-    cfg = LoopedConfig(vocab_size=V, block_size=16, n_embd=24, n_head=2, n_layer=1, n_loop=2, dropout=0.0)
+    cfg = DesignConfig(vocab_size=V, block_size=16, n_embd=24, n_head=2, n_layer=1, n_loop=2, dropout=0.0)
     torch.manual_seed(0)
-    eager = LoopedGPT(cfg)
+    eager = DesignedGPT(cfg)
     compiled = compile_regions(copy.deepcopy(eager))
     x = torch.randint(V, (2, 16))
 
@@ -75,14 +75,14 @@ def test_compiled_head_loss_never_writes_float32_logits():
 def test_fused_adamw_on_cpu_matches_the_default(monkeypatch):
     """configure_optimizers asks for the fused AdamW where the device is CUDA. torch also has that kernel on a CPU,
     so the CUDA branch runs here: the fused kernel must really run (counted) and give the default's steps."""
-    cfg = LoopedConfig(vocab_size=11, block_size=8, n_embd=16, n_head=2, n_layer=1, n_loop=2)
+    cfg = DesignConfig(vocab_size=11, block_size=8, n_embd=16, n_head=2, n_layer=1, n_loop=2)
     x = torch.randint(11, (4, 8))
     calls, real = [], torch._fused_adamw_
     monkeypatch.setattr(torch, '_fused_adamw_', lambda *a, **k: calls.append(1) or real(*a, **k))
     weights = []
     for device_type in ('cpu', 'cuda'):  # 'cuda': the flag the GPU path gets; the tensors stay on the CPU
         torch.manual_seed(0)
-        model = LoopedGPT(cfg)
+        model = DesignedGPT(cfg)
         opt = model.configure_optimizers(0.01, 1e-2, device_type)
         assert opt.param_groups[0]['fused'] == (device_type == 'cuda')
         for _ in range(3):
@@ -97,9 +97,9 @@ def test_fused_adamw_on_cpu_matches_the_default(monkeypatch):
 def test_compiled_regions_train_with_the_jacobian_penalty_as_eager_does():
     """The Jacobian penalty's estimate takes a double backward through one pass, which a compiled block cannot
     give: compile_regions leaves the blocks eager then, and a step's loss and gradients are the eager model's."""
-    cfg = LoopedConfig(vocab_size=11, block_size=8, n_embd=16, n_head=2, n_layer=1, n_loop=2, jacobian_penalty=0.1)
+    cfg = DesignConfig(vocab_size=11, block_size=8, n_embd=16, n_head=2, n_layer=1, n_loop=2, jacobian_penalty=0.1)
     torch.manual_seed(0)
-    eager = LoopedGPT(cfg)
+    eager = DesignedGPT(cfg)
     compiled = compile_regions(copy.deepcopy(eager))
     x = torch.randint(11, (2, 8), generator=torch.Generator().manual_seed(1))
     grads = []

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from lab.engine import exit_passes, generate
-from looped import AlphaNorm, LoopedConfig, LoopedGPT, Readout
+from lab.designs import DesignConfig, DesignedGPT
+from looped import AlphaNorm, Readout
 
 torch.set_default_dtype(torch.float32)
 
@@ -16,7 +17,7 @@ torch.set_default_dtype(torch.float32)
 def tiny(**kw):
     base = dict(vocab_size=11, block_size=16, n_embd=32, n_head=4, n_layer=2, n_loop=3)
     torch.manual_seed(0)
-    return LoopedGPT(LoopedConfig(**{**base, **kw}))
+    return DesignedGPT(DesignConfig(**{**base, **kw}))
 
 
 def batch(B=2, T=16, V=11, seed=1):
@@ -104,7 +105,7 @@ def test_normed_recurrence_starts_each_pass_at_the_gain():
                 inputs, states = pass_inputs(model, x, a)
             assert torch.equal(inputs[0], model.embed(x))
             with torch.no_grad():  # and pass 1 really runs on the embedding itself, not on a normalized copy
-                assert torch.allclose(states[0], a * model.loop_step(model.embed(x)), rtol=1e-5, atol=1e-6)
+                assert torch.allclose(states[0], a * model.loop_pass(model.embed(x), model.embed(x), 1, 1), rtol=1e-5, atol=1e-6)
             for h_in, h_prev in zip(inputs[1:], states):
                 rms = h_in.pow(2).mean(-1).sqrt()
                 if recurrence == 'normed':
@@ -119,7 +120,7 @@ def test_normed_recurrence_reads_out_and_logs_the_pre_norm_state():
     x, y = batch()
     model = tiny(readout='raw', recurrence='normed').eval()
     with torch.no_grad():
-        losses = [model.exit_loss(pass_inputs(model, x, a)[1][-1], 3, y)[1].item() for a in (1.0, 10.0)]
+        losses = [model.loop_loss(pass_inputs(model, x, a)[1][-1], 3, y)[1].item() for a in (1.0, 10.0)]
     assert abs(losses[0] - losses[1]) > 0.1, losses
     model = tiny(recurrence='normed', norm_penalty=0.01)
     states = capture_states(model)
@@ -144,12 +145,12 @@ def test_the_recurrence_is_written_once(monkeypatch):
         ce = diagnose.per_token_depth_stats(model, x, y, 3)[0]
         return stats['hidden_norm'], loss, sampled, ce
     before = outputs()
-    original = LoopedGPT.loops
+    original = DesignedGPT.loops
 
-    def flipped(self, h, n_loop, edit=None, cache=None):  # the same recurrence, every state flipped and tripled
-        for k, h_k in original(self, h, n_loop, edit, cache):
+    def flipped(self, h, n_loop, cache=None, edit=None):  # the same recurrence, every state flipped and tripled
+        for k, h_k in original(self, h, n_loop, cache, edit):
             yield k, -3 * h_k
-    monkeypatch.setattr(LoopedGPT, 'loops', flipped)
+    monkeypatch.setattr(DesignedGPT, 'loops', flipped)
     after = outputs()
     assert torch.allclose(after[0], 3 * before[0], rtol=1e-5)   # forward's statistics
     assert not torch.allclose(after[1], before[1])              # forward's loss
@@ -162,14 +163,14 @@ def test_alpha_one_is_exactly_the_raw_readout():
     raw, alpha = tiny(readout='raw'), tiny(readout='alpha', alpha=1.0)
     alpha.readout.norm.log_s_ref.data.fill_(1.7)  # s_ref is irrelevant at alpha = 1
     alpha.lm_head.weight.data.copy_(raw.lm_head.weight.data)
-    assert torch.equal(alpha.exit_logits(h, 1), raw.exit_logits(h, 1))
+    assert torch.equal(alpha.lm_head(alpha.exit_input(h, 1)), raw.lm_head(raw.exit_input(h, 1)))
 
 
 @pytest.mark.parametrize('a', [0.0, 0.3, 0.5, 1.0])
 def test_alpha_readout_scales_as_a_power(a):
     """AlphaNorm(c * h) = c^alpha * AlphaNorm(h) with s_ref fixed (alpha = 0: scale-invariant), and the output is
     s_ref^(1 - alpha) * s^alpha * h / s by its definition."""
-    norm = AlphaNorm(LoopedConfig(readout='alpha', alpha=a, n_embd=32, n_head=4))
+    norm = AlphaNorm(DesignConfig(readout='alpha', alpha=a, n_embd=32, n_head=4))
     norm.log_s_ref.data.fill_(0.4)
     h = torch.randn(3, 7, 32, dtype=torch.float64) * 3
     s = h.pow(2).mean(-1, keepdim=True).sqrt()
@@ -183,7 +184,7 @@ def test_alpha_logits_scale_as_a_power_through_the_head():
     model = tiny(readout='alpha', alpha=0.3).double()
     h = torch.randn(2, 5, 32, dtype=torch.float64) * 3
     for c in (0.1, 7.0, 1000.0):
-        assert torch.allclose(model.exit_logits(c * h, 3), c ** 0.3 * model.exit_logits(h, 3), rtol=1e-6)
+        assert torch.allclose(model.lm_head(model.exit_input(c * h, 3)), c ** 0.3 * model.lm_head(model.exit_input(h, 3)), rtol=1e-6)
 
 
 def test_learned_alpha_starts_at_half_and_its_gradients_match_finite_differences():
@@ -284,11 +285,11 @@ def test_param_count_flops_and_tying():
 ])
 def test_config_rejects_bad_values(bad, match):
     with pytest.raises(ValueError, match=match):
-        LoopedConfig(**bad)
+        DesignConfig(**bad)
 
 
 def test_readout_module_final_norm_rule():
-    r = Readout(LoopedConfig(readout='final_norm', n_loop=4))
+    r = Readout(DesignConfig(readout='final_norm', n_loop=4))
     h = torch.randn(3, 128) * 50
     assert torch.equal(r(h, 1), h) and torch.equal(r(h, 3), h)
     assert r(h, 4).pow(2).mean(-1).allclose(torch.ones(3), atol=1e-3)
@@ -304,7 +305,7 @@ def test_checkpointed_readouts_give_the_same_gradients(readout):
     model(x, y)[1].backward()
     checkpointed = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
-    ces = [model.exit_loss(h, k, y)[1] for k, h in model.loops(model.embed(x), 3)]
+    ces = [model.loop_loss(h, k, y)[1] for k, h in model.loops(model.embed(x), 3)]
     torch.stack(ces).mean().backward()
     assert all(torch.allclose(checkpointed[n], p.grad, atol=1e-6) for n, p in model.named_parameters())
 

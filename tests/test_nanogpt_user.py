@@ -17,7 +17,7 @@ from lab import configs, runtime
 from lab import report as lab_report
 from lab.configs import NANOGPT_HABITS
 from lab.runs import load_checkpoint
-from looped import LoopedGPT
+from lab.designs import DesignedGPT
 
 TINY = ['--n_layer=1', '--n_embd=16', '--n_head=2', '--n_loop=2', '--block_size=16', '--batch_size=2',
         '--eval_iters=1']
@@ -161,7 +161,7 @@ def test_the_scaler_leaves_every_update_as_it_is_without_it(small_data, tmp_path
 
 
 def test_a_step_the_scaler_skips_is_not_a_divergence(small_data, tmp_path, monkeypatch, capsys):
-    made, real = [], LoopedGPT.forward
+    made, real = [], DesignedGPT.forward
     cpu_scaler(monkeypatch, made, 1024.0)
     calls = []
 
@@ -181,7 +181,7 @@ def test_a_step_the_scaler_skips_is_not_a_divergence(small_data, tmp_path, monke
             if len(calls) == 2:
                 loss = loss + Overflow.apply(self.wte.weight[0])  # the loss stays finite
         return logits, loss, stats
-    monkeypatch.setattr(LoopedGPT, 'forward', forward)
+    monkeypatch.setattr(DesignedGPT, 'forward', forward)
     out = tmp_path / 'run'
     train.main(flags(small_data, out, '--max_iters=4', '--eval_interval=4', '--log_interval=4'))
     text = capsys.readouterr().out
@@ -193,14 +193,14 @@ def test_a_step_the_scaler_skips_is_not_a_divergence(small_data, tmp_path, monke
 # ---- the progress line and the evaluation
 
 def test_the_progress_lines_loss_at_step_1_is_the_objective_trained(small_data, tmp_path, monkeypatch, capsys):
-    objectives, real = [], LoopedGPT.forward
+    objectives, real = [], DesignedGPT.forward
 
     def forward(self, idx, targets=None, n_loop=None):
         out = real(self, idx, targets, n_loop)
         if self.training and targets is not None:
             objectives.append((out[1].item(), out[2]['ce'][-1].item()))
         return out
-    monkeypatch.setattr(LoopedGPT, 'forward', forward)
+    monkeypatch.setattr(DesignedGPT, 'forward', forward)
     train.main(flags(small_data, tmp_path / 'run', '--max_iters=1', '--eval_interval=1', '--log_interval=1',
                      '--norm_penalty=0.01'))  # a penalty, so that the objective is not any one exit's loss
     line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith('step 1/1'))
@@ -249,7 +249,7 @@ def test_the_progress_lines_clock_tokens_and_eta_by_hand(monkeypatch):
 
 def test_an_evaluation_weighs_a_short_last_batch_by_its_size():
     torch.manual_seed(0)
-    model = LoopedGPT(train.LoopedConfig(vocab_size=11, block_size=8, n_embd=16, n_head=2, n_layer=1, n_loop=2))
+    model = DesignedGPT(train.DesignConfig(vocab_size=11, block_size=8, n_embd=16, n_head=2, n_layer=1, n_loop=2))
     g = torch.Generator().manual_seed(1)
     x, y = torch.randint(11, (4, 8), generator=g), torch.randint(11, (4, 8), generator=g)
     batches = [(x[:3], y[:3]), (x[3:], y[3:])]  # 3 sequences, then 1

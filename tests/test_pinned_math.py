@@ -14,7 +14,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from looped import LoopedConfig, LoopedGPT, sampled_depth  # noqa: E402
+from lab.designs import DesignConfig as LoopedConfig, DesignedGPT as LoopedGPT, sampled_depth  # noqa: E402
 
 PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', 'pinned_math.json')
 SHAPE = dict(vocab_size=13, block_size=12, n_embd=16, n_head=2, n_layer=2, n_loop=3)

@@ -9,13 +9,13 @@ import pytest
 
 import plot_norms
 from lab import stats
-from looped import LoopedConfig
+from lab.designs import DesignConfig
 
 
 def fake_run(root, folder, seed, losses, readout='rmsnorm', n_embd=64, steps=(100, 200), max_iters=200):
     """A run folder whose log holds given validation losses (one list over depths 1..2K per step), so the paired
     statistics have an answer computed by hand."""
-    model = {**LoopedConfig(n_layer=2, n_embd=n_embd, n_loop=len(losses[0]) // 2, readout=readout).to_dict()}
+    model = {**DesignConfig(n_layer=2, n_embd=n_embd, n_loop=len(losses[0]) // 2, readout=readout).to_dict()}
     config = {'seed': seed, 'max_iters': max_iters, 'dataset': 'shakespeare_char', 'out_dir': folder,
               'n_embd': n_embd, 'model': model, **{k: model[k] for k in stats.CONDITION_KEYS}}
     path = root / folder

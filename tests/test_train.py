@@ -80,7 +80,7 @@ def test_resume_continues_the_same_curve(small_data, tmp_path):
 
 
 def test_nan_loss_stops_and_keeps_last_checkpoint(small_data, tmp_path, monkeypatch):
-    original, calls = train.LoopedGPT.forward, []
+    original, calls = train.DesignedGPT.forward, []
 
     def poisoned(self, idx, targets=None, n_loop=None):
         logits, loss, stats = original(self, idx, targets, n_loop)
@@ -89,7 +89,7 @@ def test_nan_loss_stops_and_keeps_last_checkpoint(small_data, tmp_path, monkeypa
             if len(calls) == 5:
                 loss = loss * float('nan')
         return logits, loss, stats
-    monkeypatch.setattr(train.LoopedGPT, 'forward', poisoned)
+    monkeypatch.setattr(train.DesignedGPT, 'forward', poisoned)
     with pytest.raises(SystemExit) as e:
         run_train(small_data, tmp_path, '--max_iters=20', '--eval_interval=2')
     assert 'nan at step 5' in str(e.value.code) and '\n' not in str(e.value.code)
@@ -250,7 +250,7 @@ def test_sample_gives_the_same_text_with_and_without_the_cache_and_each_samples_
                                                                                            monkeypatch):
     """sample.py with its KV cache and with --recompute prints the same samples at a fixed seed and depth, past
     block_size; with an exit rule and --show_depth each sample of the batch is marked with its own depths."""
-    from looped import LoopedGPT
+    from lab.designs import DesignedGPT
     _, out = finished_run
     argv = ['--out_dir', str(out), '--max_new_tokens=150', '--start=ROMEO:', '--num_samples=2']
     texts = []
@@ -421,7 +421,7 @@ def test_overwrite_removes_the_old_checkpoint_before_training(finished_run, tmp_
 
     def crash(self, *a, **k):  # the first training step dies, before anything is saved
         raise RuntimeError('simulated crash')
-    monkeypatch.setattr(train.LoopedGPT, 'forward', crash)
+    monkeypatch.setattr(train.DesignedGPT, 'forward', crash)
     with pytest.raises(RuntimeError, match='simulated'):
         run_train(data, copy, '--overwrite', '--readout=raw', '--max_iters=4', '--eval_interval=100')
     assert not (copy / 'ckpt.pt').exists() and read_log(copy)[0]['config']['readout'] == 'raw'

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 
 import train
 from lab.stats import paired_stats
-from looped import CHOICES, LoopedConfig, LoopedGPT, Readout
+from lab.designs import CHOICES, DesignConfig, DesignedGPT
+from looped import Readout
 
 READOUTS = CHOICES['readout']
 TINY = ['--n_layer=1', '--n_embd=32', '--n_head=2', '--n_loop=2', '--block_size=16', '--eval_iters=2',
@@ -20,7 +21,7 @@ TINY = ['--n_layer=1', '--n_embd=32', '--n_head=2', '--n_loop=2', '--block_size=
 
 def tiny(**kw):
     cfg = dict(vocab_size=65, block_size=16, n_embd=32, n_head=2, n_layer=1, n_loop=2)
-    return LoopedGPT(LoopedConfig(**{**cfg, **kw}))
+    return DesignedGPT(DesignConfig(**{**cfg, **kw}))
 
 
 @pytest.fixture
@@ -184,7 +185,7 @@ def test_each_readout_kind_is_told_apart_from_every_other():
     assert set(formula) == set(READOUTS)
     outs = {}
     for kind in READOUTS:
-        r = Readout(LoopedConfig(n_embd=32, n_head=2, n_loop=2, readout=kind))
+        r = Readout(DesignConfig(n_embd=32, n_head=2, n_loop=2, readout=kind))
         with torch.no_grad():
             outs[kind] = (r(h, 1), r(h, 2))
         for got, want, k in zip(outs[kind], formula[kind], (1, 2)):
@@ -201,7 +202,7 @@ def test_mlp_activation_under_each_choice(mlp):
     x = torch.randn(2, 4, 32) * 3
     u = block.c_fc(x)
     want = block.c_proj(F.silu(u) * block.c_gate(x) if mlp == 'swiglu' else F.gelu(u))
-    assert (block.c_gate is not None) == (mlp == 'swiglu')
+    assert hasattr(block, 'c_gate') == (mlp == 'swiglu')
     torch.testing.assert_close(block(x), want)
     others = [F.relu(u), F.gelu(u, approximate='tanh'), F.silu(u)] if mlp == 'gelu' else [F.gelu(u) * block.c_gate(x), F.silu(u)]
     for other in others:  # the inputs are large enough that the activations differ visibly

@@ -1,0 +1,371 @@
+"""
+The field's looped designs, as an extension of looped.py's model: DesignConfig adds one field per design to
+LoopedConfig, DesignedGPT adds each design's code to LoopedGPT. With every design field at its default,
+DesignedGPT computes exactly what LoopedGPT does (tests/test_designs.py), so every run of the lab builds it.
+
+    injection         none | add | concat | diagonal   what a pass runs on: h, h + e, W [h; e], or Parcae's
+                                                       decay * h + Delta * B e (the carried state decays)
+    n_prelude, n_coda                                  unshared layers once before the loop (Huginn's prelude),
+                                                       and between every h_k and its readout (its coda)
+    block             prenorm | sandwich | deepnorm    each sublayer x + f(norm(x)); norm(x + f(norm(x)))
+                                                       (Huginn's, looped_nanochat's); norm(a x + f(x)) (DeepLoop's)
+    recurrence        damped                           loop k+1 starts from sigmoid(a) * h_k, a learned
+    depth_sampling    fixed | poisson_lognormal        training only: K loops, or a drawn count of mean K
+    bptt              n                                the last exit's loss reaches the last n passes only
+    residual_scale    none | inverse_k                 each pass's update scaled by 1/K
+    jacobian_penalty  w                                w * ||v^T J||^2, J one pass's Jacobian (STARS)
+    supervision       gated                            Ouro's: sum_k p_k CE_k - beta H(p), p from a learned exit
+                                                       gate (gate_input: what it reads; gate_beta: beta)
+    init, mlp, attention, tie_weights                  GPT-2's init, GELU, attention spelled out, an untied head
+
+How a design plugs in: LoopedGPT's seams, each of which does the paper's thing in looped.py, are overridden here:
+make_stack (the layers, and those around the loop), embed (the prelude), loop_pass (injection, truncated backprop,
+the 1/K update), carry (damping), exit_input (the coda), loop_loss (per-token losses for the gate) and
+training_loss (the gate's loss, the Jacobian penalty); LoopedConfig.checks takes the larger choices. Adding a
+design: docs/usage.md, "Adding a design".
+"""
+
+import math
+import zlib
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from looped import CHOICES as PAPER_CHOICES
+from looped import MLP, Block, CausalSelfAttention, LoopedConfig, LoopedGPT, RMSNorm
+
+# The allowed values of every text field, the paper's and the designs'; the first is the default.
+CHOICES = {
+    'supervision': (*PAPER_CHOICES['supervision'], 'gated'),
+    'gate_input': ('raw', 'readout'),
+    'readout': PAPER_CHOICES['readout'],
+    'recurrence': (*PAPER_CHOICES['recurrence'], 'damped'),
+    'init': ('paper', 'gpt2', 'paper_small_embed'),
+    'mlp': ('swiglu', 'gelu'),
+    'injection': ('none', 'add', 'concat', 'diagonal'),
+    'block': ('prenorm', 'sandwich', 'deepnorm'),
+    'depth_sampling': ('fixed', 'poisson_lognormal'),
+    'residual_scale': ('none', 'inverse_k'),
+    'attention': ('sdpa', 'manual'),
+}
+
+
+@dataclass
+class DesignConfig(LoopedConfig):
+    # the paper's fields, and beside them every other design's; supervision also takes 'gated', recurrence 'damped'
+    gate_input: str = 'raw'  # gated: the exit gate reads h_k itself (the authors'), or the readout
+    gate_beta: float = 0.1  # gated: beta in sum_k p_k CE_k - beta H(p); H <= ln 4 = 1.39 at K = 4
+    init: str = 'paper'  # the authors', GPT-2's (head untied), or paper with small embeddings
+    mlp: str = 'swiglu'  # SwiGLU (the paper) or GELU (GPT-2), hidden width 4d
+    injection: str = 'none'  # what a pass runs on: h, h + e, W [h; e], or decay * h + Delta * B e
+    n_prelude: int = 0  # unshared layers run once on the embedding, before the loop
+    n_coda: int = 0  # unshared layers between every h_k and its readout
+    block: str = 'prenorm'  # each sublayer x + f(norm(x)), sandwich, or deepnorm: norm(a x + f(x))
+    depth_sampling: str = 'fixed'  # training only: K loops every step, or a drawn count of mean K
+    residual_scale: str = 'none'  # inverse_k: each pass's update scaled by 1/K
+    bptt: int = 0  # the last exit's loss reaches the last bptt passes only; 0: all of them
+    jacobian_penalty: float = 0.0  # w in w * ||v^T J||^2, J one pass's Jacobian (STARS); 0: off
+    tie_weights: Optional[bool] = None  # the head shares wte's weight; unset: tied unless gpt2
+    attention: str = 'sdpa'  # fused kernels (sdpa), or the same math spelled out (manual)
+
+    def __post_init__(self):
+        if self.tie_weights is None:
+            self.tie_weights = self.init != 'gpt2'  # the authors tie; gpt2 unties, as nanochat does
+        super().__post_init__()
+
+    def checks(self, choices=CHOICES):
+        return super().checks(choices) + [
+            *[(name, getattr(self, name) >= 0, 'must be at least 0') for name in ('n_prelude', 'n_coda', 'bptt')],
+            ('jacobian_penalty', 0 <= self.jacobian_penalty < math.inf, 'must be a finite number >= 0'),
+            ('gate_beta', 0 <= self.gate_beta < math.inf, 'must be a finite number >= 0')]
+
+
+class ManualAttention(CausalSelfAttention):
+    """attention='manual': the fused kernel's math spelled out, softmax(q k^T / sqrt(hs) + causal mask) v."""
+
+    def forward(self, x, kv=None):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        if kv is not None:
+            k, v = kv(k, v)                                           # (B, nh, L, hs), L >= T
+        L = k.size(2)
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))       # (B, nh, T, L)
+        seen = torch.ones(T, L, dtype=torch.bool, device=x.device).tril(L - T)
+        att = att.masked_fill(~seen, float('-inf'))
+        att = F.dropout(F.softmax(att, dim=-1), p=self.dropout if self.training else 0.0)
+        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)      # heads side by side again
+        return self.c_proj(y)
+
+
+class GeluMLP(nn.Module):
+    """mlp='gelu', GPT-2's: W2 gelu(W1 x), hidden width 4d."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=False)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=False)
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        return self.drop(self.c_proj(F.gelu(self.c_fc(x))))
+
+
+class DesignBlock(Block):
+    """One layer with the designs' choices. Sandwich (Huginn's and looped_nanochat's) also normalizes each sum: a
+    layer hands on a state of fixed RMS. DeepNorm (DeepLoop's Post-LN) normalizes the sum alone, norm(alpha * x +
+    f(x)): DeepNorm's alpha is (2N)^(1/4), DeepLoop squares it for a loop, sqrt(2N), N = n_layer * n_loop."""
+
+    def __init__(self, config):
+        nn.Module.__init__(self)  # Block's layers with the designs' own, made (and drawn) in one order
+        self.sandwich = sandwich = config.block == 'sandwich'
+        self.deepnorm = config.block == 'deepnorm'
+        self.residual_weight = math.sqrt(2 * config.n_layer * config.n_loop)  # deepnorm's alpha
+        self.norm_1 = RMSNorm(config.n_embd, config.norm_eps)
+        self.attn = ManualAttention(config) if config.attention == 'manual' else CausalSelfAttention(config)
+        self.post_attn = RMSNorm(config.n_embd, config.norm_eps) if sandwich else nn.Identity()
+        self.norm_2 = RMSNorm(config.n_embd, config.norm_eps)
+        self.mlp = GeluMLP(config) if config.mlp == 'gelu' else MLP(config)
+        self.post_mlp = RMSNorm(config.n_embd, config.norm_eps) if sandwich else nn.Identity()
+
+    def forward(self, x, kv=None):
+        if self.sandwich:
+            return self.sandwich_forward(x, kv)
+        if self.deepnorm:  # (B, T, C): the sublayers see x itself; the norms come after the sums
+            x = self.norm_1(self.residual_weight * x + self.attn(x, kv))
+            return self.norm_2(self.residual_weight * x + self.mlp(x))
+        return super().forward(x, kv)
+
+    def sandwich_forward(self, x, kv=None):
+        """(B, T, C) -> (B, T, C): norm(x + f(norm(x))) for f = attention, then the MLP."""
+        x = self.post_attn(x + self.attn(self.norm_1(x), kv))
+        return self.post_mlp(x + self.mlp(self.norm_2(x)))
+
+
+class DiagonalInjection(nn.Module):
+    """Parcae's injection: pass k runs on decay * h + Delta * B e, per channel, with Delta = softplus(dt_bias) > 0
+    and decay = exp(-Delta * exp(A_log)) in (0, 1): whatever training does, the carried part is multiplied by less
+    than 1 (the pass may grow it again). At init A_log = 0, decay = sqrt(1/5), B = I."""
+
+    def __init__(self, config):
+        super().__init__()
+        d = config.n_embd
+        self.A_log = nn.Parameter(torch.zeros(d))
+        # softplus(log(sqrt(5) - 1)) = log(sqrt(5)), so the decay exp(-Delta) starts at sqrt(1/5)
+        self.dt_bias = nn.Parameter(torch.full((d,), math.log(math.sqrt(5) - 1)))
+        self.B = nn.Linear(d, d, bias=False)  # the identity, set in DesignedGPT.init_weights
+
+    def coefficients(self):
+        """(Delta, decay), each (C,): what e and h are multiplied by, channel by channel."""
+        delta = F.softplus(self.dt_bias)
+        return delta, torch.exp(-delta * self.A_log.exp())
+
+    def forward(self, h, e):
+        delta, decay = self.coefficients()
+        return decay * h + delta * self.B(e)                          # (B, T, C)
+
+
+class DesignedGPT(LoopedGPT):
+
+    def __init__(self, config):
+        super().__init__(config)
+        # made after the head: under the paper init every weight above draws as it did before these existed
+        diagonal, damped = config.injection == 'diagonal', config.recurrence == 'damped'
+        self.diagonal = DiagonalInjection(config) if diagonal else None
+        self.damping = nn.Parameter(torch.tensor(2.0)) if damped else None  # sigmoid(2) = 0.88
+        gated = config.supervision == 'gated'
+        self.exit_gate = nn.Linear(config.n_embd, 1) if gated else None  # lambda_k = sigmoid(exit_gate(z_k))
+        self.init_weights()
+
+    def make_stack(self):
+        c = self.config
+        blocks = nn.ModuleList([DesignBlock(c) for _ in range(c.n_layer)])  # the ONE stack, as in LoopedGPT
+        # unshared layers around the loop (none by default): prelude once, coda at every readout
+        self.prelude = nn.ModuleList([DesignBlock(c) for _ in range(c.n_prelude)])
+        self.coda = nn.ModuleList([DesignBlock(c) for _ in range(c.n_coda)])
+        self.adapter = nn.Linear(2 * c.n_embd, c.n_embd, bias=False) if c.injection == 'concat' else None
+        return blocks
+
+    def init_weights(self):
+        # 'paper' (the authors'): LoopedGPT's, PyTorch's defaults. 'gpt2': GPT-2's N(0, 0.02), residual
+        # projections scaled by 1/sqrt(2 * unrolled depth), and the head untied (nanochat's choice; nanoGPT draws
+        # the same but ties its head to wte). 'paper_small_embed': 'paper' with both embeddings at N(0, 0.02). A
+        # redrawn weight has its own generator, seeded by the seed and its name: a new parameter never shifts another's.
+        c, seed = self.config, torch.initial_seed()
+        depth = c.n_layer * c.n_loop
+        for name, p in self.named_parameters():
+            if c.init == 'gpt2' and p.dim() >= 2:  # norm gains stay at 1
+                scaled = name.endswith('c_proj.weight') and c.block != 'deepnorm'  # its own below
+                std = 0.02 / math.sqrt(2 * depth) if scaled else 0.02
+            elif c.init == 'paper_small_embed' and name in ('wte.weight', 'wpe.weight'):
+                std = 0.02
+            else:
+                continue
+            draw = torch.Generator().manual_seed(seed ^ zlib.crc32(name.encode()))
+            with torch.no_grad():
+                p.copy_(torch.randn(p.shape, generator=draw) * std)
+        with torch.no_grad():
+            if self.adapter is not None:  # W = [I | 0]: at step 0 'concat' computes what 'none' does
+                self.adapter.weight.copy_(torch.eye(c.n_embd, 2 * c.n_embd))
+            if self.diagonal is not None:  # Parcae's B = I, whatever the init drew
+                self.diagonal.B.weight.copy_(torch.eye(c.n_embd))
+            if c.block == 'deepnorm':  # beta = (8N)^(-1/2), DeepNorm's (8N)^(-1/4) squared as alpha is
+                for block in [*self.prelude, *self.blocks, *self.coda]:
+                    block.attn.c_attn.weight[2 * c.n_embd:].mul_((8 * depth) ** -0.5)  # v's rows
+                    # two MLP matrices, as in DeepNorm's FFN (SwiGLU: the linear branch, not silu's)
+                    first = block.mlp.c_gate if c.mlp == 'swiglu' else block.mlp.c_fc
+                    for m in (block.attn.c_proj, first, block.mlp.c_proj):
+                        m.weight.mul_((8 * depth) ** -0.5)
+
+    # ---- the seams, in the order a forward pass meets them
+
+    def embed(self, idx, cache=None):
+        """h_0 = e: LoopedGPT's embedding, then the prelude's layers, (B, T) -> (B, T, C)."""
+        h = super().embed(idx, cache)
+        for i, block in enumerate(self.prelude):
+            h = block(h, cache and cache.layer('prelude', i))  # kv: None without a cache
+        return h
+
+    def inject(self, h, e):
+        """Input injection of the embedding e into the carried state h, (B, T, C) each: 'add' h + e; 'concat'
+        W [h; e] = W_h h + W_e e (W = [I | 0] at init); 'diagonal' Parcae's decay * h + Delta * B e."""
+        if self.config.injection == 'add':
+            return h + e
+        if self.config.injection == 'diagonal':
+            return self.diagonal(h, e)
+        return self.adapter(torch.cat([h, e], dim=-1))
+
+    def loop_pass(self, h, e, k, n_loop, cache=None):
+        """Pass k of n_loop: truncated backprop's cut, the injection, the stack (LoopedGPT's), the 1/K update."""
+        c = self.config
+        if c.bptt and k == n_loop - c.bptt + 1 and k > 1:
+            h = h.detach()              # truncated backprop: the later losses stop here
+        x = h if c.injection == 'none' else self.inject(h, e)         # what pass k runs on
+        h = super().loop_pass(x, e, k, n_loop, cache)                 # (B, T, C)
+        if c.residual_scale == 'inverse_k':
+            h = x + (h - x) / c.n_loop  # the update shrunk by 1/K, K the trained count
+        return h
+
+    def carry(self, h):
+        if self.damping is not None:
+            return torch.sigmoid(self.damping) * h  # 'damped': the next pass starts from sigmoid(a) h_k
+        return super().carry(h)
+
+    def exit_input(self, h, k, cache=None):
+        """What the LM head reads of h_k (B, T, C) at loop k: the coda's layers, then the readout."""
+        for i, block in enumerate(self.coda):
+            h = block(h, cache and cache.layer('coda', k, i))
+        return super().exit_input(h, k)
+
+    def loop_loss(self, h, k, targets, reduction='mean'):
+        # gated weighs each token's cross-entropy by its own p_k
+        return super().loop_loss(h, k, targets, 'none' if self.exit_gate is not None else reduction)
+
+    def training_loss(self, ces, states, e, stats):
+        """LoopedGPT's, or under gated supervision the gate's loss plus the norm penalty; then the Jacobian
+        penalty. Adds to stats: 'jacobian' (pass_jacobian); gated, 'exit_prob' and 'gate_logit' (n_loop,), the mean
+        p_k and |gate logit| (the last gate has no effect: p_K is the mass left)."""
+        c = self.config
+        if self.exit_gate is None:
+            loss = super().training_loss(ces, states, e, stats)
+        else:
+            gates = [self.gate_logit(h, k) for k, h in enumerate(states, 1)]  # (B, T) each
+            loss, p = self.gated_loss(ces, gates)
+            stats['exit_prob'] = p.detach().mean(dim=1)               # (n_loop,): mean p_k
+            stats['gate_logit'] = torch.stack(gates).detach().abs().mean(dim=(1, 2))  # its scale
+            if c.norm_penalty > 0:
+                loss = loss + self.norm_penalty(states)
+        if c.jacobian_penalty > 0 and torch.is_grad_enabled():  # at h_K, as STARS
+            stats['jacobian'] = jac = self.pass_jacobian(states[-1], e)
+            loss = loss + c.jacobian_penalty * jac ** 2
+        return loss
+
+    # ---- gated supervision and its exit gate (Ouro's)
+
+    def gate_logit(self, h, k, cache=None):
+        """Loop k's exit-gate logit, (B, T, C) -> (B, T): of h_k itself ('raw', as the authors' gate, which sees the
+        scale), or of what the head reads ('readout', which may not)."""
+        x = h if self.config.gate_input == 'raw' else self.exit_input(h, k, cache)
+        return self.exit_gate(x).squeeze(-1).float()
+
+    def exit_distribution(self, gate_logits):
+        """Ouro's exit distribution from the gate's logits (n, ...) of loops 1..n: p_k = lambda_k * prod_{j<k}
+        (1 - lambda_j) with lambda = sigmoid(logit), and the last loop takes the mass left, so p sums to 1 over k
+        for every token. Returns (n, ...)."""
+        lam = torch.sigmoid(gate_logits.float())
+        left = torch.cumprod(1 - lam, dim=0)                          # prod_{j<=k} (1 - lambda_j)
+        before = torch.cat([torch.ones_like(left[:1]), left[:-1]])    # prod_{j<k}
+        return torch.cat([(lam * before)[:-1], before[-1:]])
+
+    def gated_loss(self, ces, gate_logits):
+        """Gated supervision: sum_k p_k CE_k - beta H(p) per token, averaged over the tokens, from every loop's
+        per-token cross-entropy (B * T,) and gate logits (B, T). The entropy keeps the gate from putting all its
+        mass on one loop. Every target counts (no ignore_index -1 here, which no dataset of this repository
+        produces). Returns (loss, p (n, B * T))."""
+        p = self.exit_distribution(torch.stack([g.flatten() for g in gate_logits]))
+        entropy = -(p * p.clamp_min(1e-12).log()).sum(0)              # (B * T,)
+        loss = (p * torch.stack(ces)).sum(0) - self.config.gate_beta * entropy
+        return loss.mean(), p
+
+    # ---- STARS's Jacobian penalty
+
+    def pass_jacobian(self, h, e):
+        """STARS's one-step estimate of a pass's spectral norm at h (B, T, C): ||v^T J||, v a random unit vector,
+        J one pass's Jacobian; h detached: the gradient reaches the weights."""
+        x = h.detach().requires_grad_()
+        with sdpa_kernel(SDPBackend.MATH):  # the fused attention kernels have no double backward
+            out = self.loop_pass(x, e.detach(), 1, 1)                  # one pass from x: (B, T, C)
+        v = torch.randn_like(out)
+        (vJ,) = torch.autograd.grad(out, x, v / v.norm(), create_graph=True)
+        return vJ.float().norm()
+
+    # ---- counting and optimizing
+
+    def flops_per_token(self, n_loop=None):
+        """Training FLOPs per token: 6 per use of a matrix's weight (forward and backward) plus attention's 12 *
+        layers * d * T (nanoGPT's count); vectors (norm gains, Parcae's decay) are elementwise work, not counted.
+        `uses` says how often a token runs each module that holds a matrix; one missing from it is an error, so a
+        new design must say. The Jacobian penalty's extra pass is counted as one more pass (its double backward
+        costs somewhat more)."""
+        c, K = self.config, n_loop or self.config.n_loop
+        readouts = 1 if c.supervision == 'terminal' else K
+        passes = K + (c.jacobian_penalty > 0)
+        uses = {'blocks': passes, 'adapter': passes, 'diagonal': passes, 'prelude': 1,
+                'coda': readouts, 'exit_gate': K, 'wte': 0, 'wpe': 0,
+                'lm_head': 0}  # lm_head: below, tied or not
+        unknown = [n for n, p in self.named_parameters() if p.dim() >= 2 and n.split('.')[0] not in uses]
+        if unknown:
+            raise ValueError(f"flops_per_token: no count for {', '.join(unknown)}; add its module to uses")
+        n_uses = sum(uses[name] * sum(p.numel() for p in m.parameters() if p.dim() >= 2)
+                     for name, m in self.named_children() if name in uses)
+        layers = passes * c.n_layer + c.n_prelude + readouts * c.n_coda
+        head = readouts * c.vocab_size * c.n_embd
+        return 6 * n_uses + 6 * head + 12 * layers * c.n_embd * c.block_size
+
+    def configure_optimizers(self, weight_decay, learning_rate, device_type):
+        # the authors decay every parameter (LoopedGPT's); GPT-2's recipe (gpt2) only matrices. A design whose
+        # source exempts its own parameters lists them here: decay would pull Parcae's B to 0, not to the identity
+        params = [p for p in self.parameters() if p.requires_grad]
+        exempt = {id(p) for p in (self.diagonal.parameters() if self.diagonal else [])}
+        decays = lambda p: id(p) not in exempt and (self.config.init != 'gpt2' or p.dim() >= 2)
+        groups = [{'params': [p for p in params if decays(p)], 'weight_decay': weight_decay},
+                  {'params': [p for p in params if not decays(p)], 'weight_decay': 0.0}]
+        groups = [g for g in groups if g['params']]  # paper init, no diagonal: LoopedGPT's one group
+        return torch.optim.AdamW(groups, lr=learning_rate, fused=(device_type == 'cuda'))
+
+
+def sampled_depth(config, seed, step):
+    """The loop count that training step `step` trains at: K, or under 'poisson_lognormal' looped_nanochat's draw
+    tau ~ N(ln(K - 1) - sigma^2 / 2, sigma), r = Poisson(e^tau) + 1, sigma = 0.5, clamped to [1, 2K]; r has mean K
+    before the clamp. It depends on (seed, step) alone, so every process and a resumed run draw the same r."""
+    K = config.n_loop
+    if config.depth_sampling == 'fixed' or K == 1:
+        return K
+    rng, sigma = np.random.default_rng([seed, step]), 0.5
+    tau = rng.normal(math.log(K - 1) - sigma ** 2 / 2, sigma)
+    return int(min(max(rng.poisson(math.exp(tau)) + 1, 1), 2 * K))
