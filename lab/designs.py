@@ -35,6 +35,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.checkpoint import checkpoint
 
 from looped import CHOICES as PAPER_CHOICES
 from looped import MLP, Block, CausalSelfAttention, LoopedConfig, LoopedGPT, RMSNorm
@@ -267,25 +268,42 @@ class DesignedGPT(LoopedGPT):
         return super().loop_loss(h, k, targets, 'none' if self.exit_gate is not None else reduction)
 
     def training_loss(self, ces, states, e, stats):
-        """LoopedGPT's, or under gated supervision the gate's loss plus the norm penalty; then the Jacobian
-        penalty. Adds to stats: 'jacobian' (pass_jacobian); gated, 'exit_prob' and 'gate_logit' (n_loop,), the mean
-        p_k and |gate logit| (the last gate has no effect: p_K is the mass left)."""
-        c = self.config
-        if self.exit_gate is None:
-            loss = super().training_loss(ces, states, e, stats)
-        else:
-            gates = [self.gate_logit(h, k) for k, h in enumerate(states, 1)]  # (B, T) each
-            loss, p = self.gated_loss(ces, gates)
-            stats['exit_prob'] = p.detach().mean(dim=1)               # (n_loop,): mean p_k
-            stats['gate_logit'] = torch.stack(gates).detach().abs().mean(dim=(1, 2))  # its scale
-            if c.norm_penalty > 0:
-                loss = loss + self.norm_penalty(states)
-        if c.jacobian_penalty > 0 and torch.is_grad_enabled():  # at h_K, as STARS
-            stats['jacobian'] = jac = self.pass_jacobian(states[-1], e)
-            loss = loss + c.jacobian_penalty * jac ** 2
-        return loss
+        """LoopedGPT's, plus the Jacobian penalty if on."""
+        return self.add_jacobian_penalty(super().training_loss(ces, states, e, stats), states[-1], e, stats)
+
+    def forward(self, idx, targets=None, n_loop=None):
+        if self.exit_gate is None or targets is None:
+            return super().forward(idx, targets, n_loop)
+        return self.gated_forward(idx, targets, n_loop)
 
     # ---- gated supervision and its exit gate (Ouro's)
+
+    def gated_forward(self, idx, targets, n_loop=None):
+        """forward under gated supervision: LoopedGPT's, with each loop's gate logit taken right after its
+        cross-entropy (the order the committed gate runs were trained in: the gradients that reach h_k are summed in
+        the order its uses were made, and float sums depend on it). Adds to stats 'exit_prob' and 'gate_logit'
+        (n_loop,), the mean p_k and |gate logit| (the last gate has no effect: p_K is the mass left)."""
+        K = n_loop or self.config.n_loop
+        if idx.size(1) > self.config.block_size:
+            raise ValueError(f"sequence of length {idx.size(1)} is longer than block_size={self.config.block_size}")
+        e = self.embed(idx)
+        states, ces, gates = [], [], []
+        for k, h in self.loops(e, K):
+            states.append(h)
+            if k < K:  # as in LoopedGPT.forward: recomputed in backward, not kept
+                ce = checkpoint(self.loop_loss, h, k, targets, use_reentrant=False)[1]  # (B * T,)
+            else:
+                logits, ce = self.loop_loss(h, k, targets)
+            ces.append(ce)
+            gates.append(self.gate_logit(h, k))                       # (B, T)
+        loss, p = self.gated_loss(ces, gates)
+        stats = {'hidden_norm': torch.stack([h.detach().float().norm(dim=-1).mean() for h in states]),
+                 'ce': torch.stack([ce.detach().mean() for ce in ces]),
+                 'exit_prob': p.detach().mean(dim=1),                 # (n_loop,): mean p_k
+                 'gate_logit': torch.stack(gates).detach().abs().mean(dim=(1, 2))}  # its scale
+        if self.config.norm_penalty > 0:
+            loss = loss + self.norm_penalty(states)
+        return logits, self.add_jacobian_penalty(loss, states[-1], e, stats), stats
 
     def gate_logit(self, h, k, cache=None):
         """Loop k's exit-gate logit, (B, T, C) -> (B, T): of h_k itself ('raw', as the authors' gate, which sees the
@@ -313,6 +331,13 @@ class DesignedGPT(LoopedGPT):
         return loss.mean(), p
 
     # ---- STARS's Jacobian penalty
+
+    def add_jacobian_penalty(self, loss, h, e, stats):
+        """loss + w * ||v^T J||^2 at h = h_K, as STARS, when the penalty is on; the estimate goes to stats['jacobian']."""
+        if self.config.jacobian_penalty > 0 and torch.is_grad_enabled():
+            stats['jacobian'] = jac = self.pass_jacobian(h, e)
+            loss = loss + self.config.jacobian_penalty * jac ** 2
+        return loss
 
     def pass_jacobian(self, h, e):
         """STARS's one-step estimate of a pass's spectral norm at h (B, T, C): ||v^T J||, v a random unit vector,

@@ -174,6 +174,21 @@ def test_the_jacobian_penalty_adds_w_times_the_squared_estimate_and_reaches_the_
     assert penalized.wte.weight.grad is None  # h and e are detached: only the pass's weights
 
 
+def test_the_jacobian_is_estimated_at_the_last_loops_state():
+    """STARS penalizes the pass at h_K, where the loop ends: the estimate forward logs is pass_jacobian(h_K, e) with
+    the same random direction, which differs from the estimate at h_1."""
+    model, (x, y) = tiny(jacobian_penalty=0.5).eval(), tokens()
+    torch.manual_seed(3)
+    got = model(x, y)[2]['jacobian']
+    e = model.embed(x)
+    states = [h for _, h in model.loops(e, BASE['n_loop'])]
+    at = []
+    for h in (states[-1], states[0]):
+        torch.manual_seed(3)
+        at.append(model.pass_jacobian(h, e))
+    assert torch.allclose(got, at[0], rtol=1e-5) and not torch.allclose(got, at[1], rtol=1e-5), (got, at)  # ~1% apart
+
+
 def test_no_jacobian_is_estimated_without_gradients():
     model = tiny(jacobian_penalty=0.1)
     x, y = tokens()

@@ -20,6 +20,7 @@ from lab.runs import condition_name, load_model
 from lab import engine
 from lab.engine import exit_passes, generate, latent_change
 from lab.designs import DesignBlock, DesignConfig, DesignedGPT, sampled_depth
+from looped import LoopedConfig, LoopedGPT
 
 BASE = dict(vocab_size=11, block_size=8, n_embd=16, n_head=2, n_layer=1, n_loop=3)
 
@@ -409,6 +410,24 @@ def test_a_checkpoint_written_before_the_designs_loads_and_computes_the_same(tmp
     with torch.no_grad():
         assert torch.equal(loaded(x)[0], model(x)[0])
     assert condition_name(old_config) == 'per_loop + rmsnorm'
+
+
+def test_the_paper_model_is_the_designed_model_at_its_defaults():
+    """looped.py's LoopedGPT, which the lab never builds (its tools build DesignedGPT), is DesignedGPT with every
+    design field at its default: the same parameters drawn from the same seed, the same loss, logits, norms and
+    cross-entropies, and the same optimizer, the authors' (one group: weight decay on every parameter)."""
+    torch.manual_seed(0)
+    paper, designed = LoopedGPT(LoopedConfig(**BASE)), tiny()
+    assert [n for n, _ in paper.named_parameters()] == [n for n, _ in designed.named_parameters()]
+    for (name, a), b in zip(paper.named_parameters(), designed.parameters()):
+        assert torch.equal(a, b), name
+    x, y = tokens()
+    (logits_p, loss_p, stats_p), (logits_d, loss_d, stats_d) = paper(x, y), designed(x, y)
+    assert torch.equal(logits_p, logits_d) and torch.equal(loss_p, loss_d)
+    assert torch.equal(stats_p['hidden_norm'], stats_d['hidden_norm']) and torch.equal(stats_p['ce'], stats_d['ce'])
+    for model in (paper, designed):
+        groups = model.configure_optimizers(0.1, 1e-3, 'cpu').param_groups
+        assert [(g['weight_decay'], len(g['params'])) for g in groups] == [(0.1, len(list(model.parameters())))]
 
 
 # ---- the learning-rate warmup (off by default)

@@ -69,6 +69,36 @@ def test_the_entropy_bonus_is_beta_times_the_exit_distributions_entropy():
     assert torch.allclose(loss, ((p * torch.stack(ces)).sum(0) - 0.25 * entropy).mean(), atol=1e-6)
 
 
+def test_the_norm_penalty_adds_to_the_gated_loss():
+    """Gated supervision keeps the paper's norm penalty: the same weights with lambda = 0.01 add lambda * mean_k
+    mean(h_k^2), on the states before any readout, to the gated loss."""
+    plain, penalized = tiny(supervision='gated'), tiny(supervision='gated', norm_penalty=0.01)  # same seed, weights
+    x, y = tokens()
+    with torch.no_grad():
+        states = [h for _, h in penalized.loops(penalized.embed(x), 3)]
+        expected = 0.01 * torch.stack([h.pow(2).mean() for h in states]).mean()
+        assert expected > 1e-3  # well above float32's noise on the loss
+        assert torch.allclose(penalized(x, y)[1] - plain(x, y)[1], expected, rtol=1e-4)
+
+
+def test_the_jacobian_penalty_adds_to_the_gated_loss_at_h_K():
+    """Gated supervision keeps STARS's penalty too: w * ||v^T J||^2 added to the gated loss, the estimate at h_K (the
+    same random direction gives pass_jacobian(h_K, e), which differs from the estimate at h_1)."""
+    plain, penalized = tiny(supervision='gated').eval(), tiny(supervision='gated', jacobian_penalty=0.5).eval()
+    x, y = tokens()
+    torch.manual_seed(3)
+    _, loss, stats = penalized(x, y)
+    jac = stats['jacobian']
+    assert torch.allclose(loss - plain(x, y)[1], 0.5 * jac ** 2, atol=1e-5)
+    e = penalized.embed(x)
+    states = [h for _, h in penalized.loops(e, 3)]
+    at = []
+    for h in (states[-1], states[0]):
+        torch.manual_seed(3)
+        at.append(penalized.pass_jacobian(h, e))
+    assert torch.allclose(jac, at[0], rtol=1e-5) and not torch.allclose(jac, at[1], rtol=1e-5), (jac, at)
+
+
 def test_the_gates_gradient_reaches_its_weights():
     model = tiny(supervision='gated')
     x, y = tokens()

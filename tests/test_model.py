@@ -263,6 +263,18 @@ def test_sdpa_matches_manual_attention():
         assert torch.allclose(a[0], b[0], atol=1e-4) and torch.allclose(a[1], b[1], atol=1e-5)
 
 
+def test_manual_attention_never_calls_the_fused_kernel(monkeypatch):
+    """attention='manual' really spells the math out: it never reaches F.scaled_dot_product_attention, which the
+    default calls once per layer and pass (else the comparison above would compare the kernel with itself)."""
+    calls, real = [], F.scaled_dot_product_attention
+    monkeypatch.setattr(F, 'scaled_dot_product_attention', lambda *a, **k: calls.append(1) or real(*a, **k))
+    x, y = batch()
+    tiny(attention='manual')(x, y)
+    assert calls == []
+    tiny()(x, y)
+    assert len(calls) == 2 * 3  # n_layer * n_loop
+
+
 def test_param_count_flops_and_tying():
     paper, paper_k8 = tiny(), tiny(n_loop=8)
     assert paper.num_params() == paper_k8.num_params()  # looping adds depth, not parameters

@@ -9,7 +9,7 @@ The layout under the root is Gradescope's: source/ (the unpacked archive), submi
 results/results.json (written here). Each can also be given by a flag, to grade a folder by hand.
 
 What is graded: the files named in the manifest's submission_files (looped.py, lab/engine.py,
-lab/diagnose.py), copied from the submission over a scratch copy of repo/. Nothing else of the
+lab/diagnose.py, lab/designs.py), copied from the submission over a scratch copy of repo/. Nothing else of the
 submission is used, so a submission cannot bring its own graders, grading.py or training code.
 """
 

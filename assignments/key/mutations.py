@@ -8,8 +8,8 @@ copy of the repository, and the assignment's grader must fail on it; the referen
     python assignments/key/mutations.py --only=a3,a7    # just these assignments
 
 The graders run in this one process (pytest.main, with every module of the scratch copy re-imported each time),
-so torch is imported once; the 119 mutations, with --stubs, took 43 s on a 2-core machine that
-ran about four other jobs. tests/test_course_kit.py runs it and requires every mutation to be caught
+so torch is imported once; the 113 mutations, with --stubs, took 33 s on a 2-core machine that ran several
+other jobs (load average 7 to 9). tests/test_course_kit.py runs it and requires every mutation to be caught
 by a failing test (not by an import or collection error).
 """
 
@@ -64,75 +64,41 @@ MUTATIONS = [
      'return S / r2.sqrt() * eps / r2', 'return S / r2 * eps / r2'),
     ('a2', 'lab/diagnose.py', 'eps dropped from r^2',
      'r2 = h.pow(2).mean(-1) + eps', 'r2 = h.pow(2).mean(-1)'),
-    # ---- A3: LoopedGPT.loops ----
+    # ---- A3: LoopedGPT.loops, LoopedGPT.carry ----
     ('a3', 'looped.py', 'a list instead of a generator (all passes run before the first is used)',
-     '''        c, h = self.config, e if h is None else h
+     '''        h = e
         for k in range(1, n_loop + 1):''',
-     '''        return list(self._all_passes(e, n_loop, edit, cache, h))
+     '''        return list(self._all_passes(e, n_loop, cache, edit))
 
-    def _all_passes(self, e, n_loop, edit=None, cache=None, h=None):
-        c, h = self.config, e if h is None else h
+    def _all_passes(self, e, n_loop, cache=None, edit=None):
+        h = e
         for k in range(1, n_loop + 1):'''),
-    ('a3', 'looped.py', 'the damping left out of the carried state',
-     'h = torch.sigmoid(self.damping) * h  #', 'h = h  #'),
-    ('a3', 'looped.py', 'a start state h ignored',
-     'c, h = self.config, e if h is None else h', 'c, h = self.config, e'),
-    ('a3', 'looped.py', 'yield after the inter-loop norm',
+    ('a3', 'looped.py', 'yield after carry (the normed state is yielded, read out and penalized)',
      '''            yield k, h
-''',
-     '''            h_out = h
-''' + '''            if self.inter_norm is not None:
-                h = self.inter_norm(h)
-            yield k, h
-            h = h_out
-'''),
-    ('a3', 'looped.py', 'an inter-loop norm before pass 1 too',
-     'for k in range(1, n_loop + 1):\n',
-     '''for k in range(1, n_loop + 1):
-            if k == 1 and self.inter_norm is not None:
-                h = self.inter_norm(h)
-'''),
-    ('a3', 'looped.py', 'the injection skipped (every pass runs on the carried state alone)',
-     "x = h if c.injection == 'none' else self.inject(h, e)", 'x = h'),
-    ('a3', 'looped.py', "inject called under injection='none' too (the default model needs A8)",
-     "x = h if c.injection == 'none' else self.inject(h, e)", 'x = self.inject(h, e)'),
-    ('a3', 'looped.py', "inject handed (e, h): the carried state and the embedding swapped",
-     "x = h if c.injection == 'none' else self.inject(h, e)",
-     "x = h if c.injection == 'none' else self.inject(e, h)"),
-    ('a3', 'looped.py', 'inject handed the carried state as e (the embedding forgotten)',
-     "x = h if c.injection == 'none' else self.inject(h, e)",
-     "x = h if c.injection == 'none' else self.inject(h, h)"),
-    ('a3', 'looped.py', 'truncated backprop cuts one pass late (a 0-based pass index)',
-     'k == n_loop - c.bptt + 1', 'k == n_loop - c.bptt + 2'),
-    ('a3', 'looped.py', 'truncated backprop cuts one pass early',
-     'k == n_loop - c.bptt + 1', 'k == n_loop - c.bptt'),
-    ('a3', 'looped.py', 'truncated backprop counted from the trained K, not the loops asked for',
-     'k == n_loop - c.bptt + 1', 'k == c.n_loop - c.bptt + 1'),
-    ('a3', 'looped.py', 'truncated backprop ignored (no cut)',
-     'if c.bptt and', 'if False and'),
-    ('a3', 'looped.py', 'bptt >= n_loop cuts before pass 1 (the embedding gets no gradient)',
-     ' and k > 1:', ':'),
-    ('a3', 'looped.py', 'truncated backprop detaches e too (the injections of the last passes cut)',
-     'h = h.detach()', 'h, e = h.detach(), e.detach()'),
-    ('a3', 'looped.py', "residual_scale='inverse_k' ignored",
-     "if c.residual_scale == 'inverse_k':", 'if False:'),
-    ('a3', 'looped.py', 'the 1/K update divided by the loops asked for instead of the trained K',
-     'h = x + (h - x) / c.n_loop', 'h = x + (h - x) / n_loop'),
-    ('a3', 'looped.py', 'the 1/K update measured from the carried state instead of the pass input',
-     'h = x + (h - x) / c.n_loop', 'h = h_in + (h - h_in) / c.n_loop'),
-    ('a3', 'looped.py', 'inverse_k divides the whole output by K, not the update',
-     'h = x + (h - x) / c.n_loop', 'h = h / c.n_loop'),
-    ('a3', 'looped.py', 'edit handed the raw pass output (the 1/K update after edit)',
-     '''            if c.residual_scale == 'inverse_k':
-                h = x + (h - x) / c.n_loop  # the update shrunk by 1/K, K the trained count
-            if edit is not None:
-                h, e = edit(k, h_in, h, e)
-''',
-     '''            if edit is not None:
-                h, e = edit(k, h_in, h, e)
-            if c.residual_scale == 'inverse_k':
-                h = x + (h - x) / c.n_loop
-'''),
+            h = self.carry(h)''',
+     '''            h = self.carry(h)
+            yield k, h'''),
+    ('a3', 'looped.py', 'a carry before pass 1 too (an inter-loop norm of the embedding)',
+     '        h = e\n', '        h = self.carry(e)\n'),
+    ('a3', 'looped.py', "loops normalizes by itself instead of calling carry (a design's carry never runs)",
+     'h = self.carry(h)', 'h = h if self.inter_norm is None else self.inter_norm(h)'),
+    ('a3', 'looped.py', 'carry never called (normed recurrence carries the state unnormalized)',
+     'h = self.carry(h)', 'h = h'),
+    ('a3', 'looped.py', 'loops detaches what it hands carry (the loss stays right)',
+     'h = self.carry(h)', 'h = self.carry(h.detach())'),
+    ('a3', 'looped.py', 'every pass starts from e (the state is never carried)',
+     'h = self.loop_pass(h, e, k, n_loop, cache)', 'h = self.loop_pass(e, e, k, n_loop, cache)'),
+    ('a3', 'looped.py', 'carry that never normalizes under normed recurrence',
+     'return h if self.inter_norm is None else self.inter_norm(h)', 'return h'),
+    ('a3', 'looped.py', 'carry detaches the normed state',
+     'return h if self.inter_norm is None else self.inter_norm(h)',
+     'return h if self.inter_norm is None else self.inter_norm(h.detach())'),
+    ('a3', 'looped.py', 'carry detaches the residual state (the loss stays right)',
+     'return h if self.inter_norm is None else self.inter_norm(h)',
+     'return h.detach() if self.inter_norm is None else self.inter_norm(h)'),
+    ('a3', 'looped.py', "carry normalizes without the norm's gain",
+     'return h if self.inter_norm is None else self.inter_norm(h)',
+     'return h if self.inter_norm is None else h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)'),
     ('a3', 'looped.py', "edit's h_k yielded but not carried on (the pass's own output carried)",
      '''            if edit is not None:
                 h, e = edit(k, h_in, h, e)
@@ -144,31 +110,35 @@ MUTATIONS = [
             yield k, h
             h = h_pass
 '''),
+    ('a3', 'looped.py', 'edit called after the yield (the yielded state is not the edited one)',
+     '''            if edit is not None:
+                h, e = edit(k, h_in, h, e)
+            yield k, h
+''',
+     '''            yield k, h
+            if edit is not None:
+                h, e = edit(k, h_in, h, e)
+'''),
     ('a3', 'looped.py', 'edit called with the output twice (no pass input)',
      'h, e = edit(k, h_in, h, e)', 'h, e = edit(k, h, h, e)'),
-    ('a3', 'looped.py', 'edit handed what the pass ran on (after the injection) as h_in',
-     'h, e = edit(k, h_in, h, e)', 'h, e = edit(k, x, h, e)'),
+    ('a3', 'looped.py', 'edit handed the embedding as the pass input',
+     'h, e = edit(k, h_in, h, e)', 'h, e = edit(k, e, h, e)'),
     ('a3', 'looped.py', 'edit ignored',
      'h, e = edit(k, h_in, h, e)', 'pass'),
     ('a3', 'looped.py', "edit's e ignored (e keeps every row when edit drops some)",
      'h, e = edit(k, h_in, h, e)', 'h, _ = edit(k, h_in, h, e)'),
-    ('a3', 'looped.py', 'the carried state detached',
-     'h = self.inter_norm(h)', 'h = self.inter_norm(h.detach())'),
     ('a3', 'looped.py', 'stops at the trained K',
      'for k in range(1, n_loop + 1):', 'for k in range(1, min(n_loop, self.config.n_loop) + 1):'),
-    ('a3', 'looped.py', 'the carried state detached under residual recurrence (the loss stays right)',
-     '''            yield k, h
-''',
-     '''            yield k, h
-            if self.inter_norm is None:
-                h = h.detach()
-'''),
-    ('a3', 'looped.py', 'normed recurrence that never normalizes what it carries',
-     'h = self.inter_norm(h)', 'h = h'),
-    ('a3', 'looped.py', "loops drops generation's cache (loop_step without it)",
-     'self.loop_step(x, cache, k)', 'self.loop_step(x)'),
-    ('a3', 'looped.py', 'loops hands loop_step no pass index (every loop reads one cache entry)',
-     'self.loop_step(x, cache, k)', 'self.loop_step(x, cache)'),
+    ('a3', 'looped.py', "loops drops generation's cache (loop_pass without it)",
+     'self.loop_pass(h, e, k, n_loop, cache)', 'self.loop_pass(h, e, k, n_loop)'),
+    ('a3', 'looped.py', 'loops hands loop_pass one pass index (every loop reads one cache entry)',
+     'self.loop_pass(h, e, k, n_loop, cache)', 'self.loop_pass(h, e, 1, n_loop, cache)'),
+    ('a3', 'looped.py', 'a 0-based pass index (truncated backprop would cut one pass late)',
+     'self.loop_pass(h, e, k, n_loop, cache)', 'self.loop_pass(h, e, k - 1, n_loop, cache)'),
+    ('a3', 'looped.py', 'loop_pass told the trained K, not the loops asked for',
+     'self.loop_pass(h, e, k, n_loop, cache)', 'self.loop_pass(h, e, k, self.config.n_loop, cache)'),
+    ('a3', 'looped.py', "loop_pass handed the carried state as e (an injection would add h to itself)",
+     'self.loop_pass(h, e, k, n_loop, cache)', 'self.loop_pass(h, h, k, n_loop, cache)'),
     # ---- A4: LoopedGPT.supervision_loss ----
     ('a4', 'looped.py', 'sum instead of mean',
      'return torch.stack(ces).mean()', 'return torch.stack(ces).sum()'),
@@ -311,59 +281,59 @@ MUTATIONS = [
     ('a7', 'lab/engine.py', 'the KL rule subtracts in place (what generation samples from changes)',
      'return (logp.exp() * (logp - logp_prev)).sum(dim=-1) <= threshold',
      'return (logp.exp() * logp.sub_(logp_prev)).sum(dim=-1) <= threshold'),
-    # ---- A8: LoopedGPT.inject, Block.sandwich_forward ----
-    ('a8', 'looped.py', "add returns h alone (no injection: pass 1 runs on e, not 2e)",
+    # ---- A8: DesignedGPT.inject, DesignBlock.sandwich_forward (lab/designs.py) ----
+    ('a8', 'lab/designs.py', "add returns h alone (no injection: pass 1 runs on e, not 2e)",
      '            return h + e\n', '            return h\n'),
-    ('a8', 'looped.py', 'add returns the mean (h + e) / 2',
+    ('a8', 'lab/designs.py', 'add returns the mean (h + e) / 2',
      '            return h + e\n', '            return (h + e) / 2\n'),
-    ('a8', 'looped.py', 'add replaces the state by e',
+    ('a8', 'lab/designs.py', 'add replaces the state by e',
      '            return h + e\n', '            return e\n'),
-    ('a8', 'looped.py', 'add with e detached (the embedding learns nothing through the injection)',
+    ('a8', 'lab/designs.py', 'add with e detached (the embedding learns nothing through the injection)',
      '            return h + e\n', '            return h + e.detach()\n'),
-    ('a8', 'looped.py', 'concat with h and e swapped, W [e; h] (at initialization the pass runs on e)',
+    ('a8', 'lab/designs.py', 'concat with h and e swapped, W [e; h] (at initialization the pass runs on e)',
      'self.adapter(torch.cat([h, e], dim=-1))', 'self.adapter(torch.cat([e, h], dim=-1))'),
-    ('a8', 'looped.py', 'concat of h with itself (e never gets in)',
+    ('a8', 'lab/designs.py', 'concat of h with itself (e never gets in)',
      'self.adapter(torch.cat([h, e], dim=-1))', 'self.adapter(torch.cat([h, h], dim=-1))'),
-    ('a8', 'looped.py', 'concat with a residual around the adapter, h + W [h; e] (2h at initialization)',
+    ('a8', 'lab/designs.py', 'concat with a residual around the adapter, h + W [h; e] (2h at initialization)',
      'self.adapter(torch.cat([h, e], dim=-1))', 'h + self.adapter(torch.cat([h, e], dim=-1))'),
-    ('a8', 'looped.py', "concat through the adapter's first half only, W_h h",
+    ('a8', 'lab/designs.py', "concat through the adapter's first half only, W_h h",
      'self.adapter(torch.cat([h, e], dim=-1))', 'F.linear(h, self.adapter.weight[:, :h.size(-1)])'),
-    ('a8', 'looped.py', 'concat with e detached',
+    ('a8', 'lab/designs.py', 'concat with e detached',
      'self.adapter(torch.cat([h, e], dim=-1))', 'self.adapter(torch.cat([h, e.detach()], dim=-1))'),
-    ('a8', 'looped.py', 'concat with the adapter detached (W never learns)',
+    ('a8', 'lab/designs.py', 'concat with the adapter detached (W never learns)',
      'self.adapter(torch.cat([h, e], dim=-1))', 'F.linear(torch.cat([h, e], dim=-1), self.adapter.weight.detach())'),
-    ('a8', 'looped.py', 'concat as h + e (the adapter left out)',
+    ('a8', 'lab/designs.py', 'concat as h + e (the adapter left out)',
      'self.adapter(torch.cat([h, e], dim=-1))', '(h + e)'),
-    ('a8', 'looped.py', "sandwich drops its kv (generation's cached keys and values never reached)",
+    ('a8', 'lab/designs.py', "sandwich drops its kv (generation's cached keys and values never reached)",
      'x = self.post_attn(x + self.attn(self.norm_1(x), kv))',
      'x = self.post_attn(x + self.attn(self.norm_1(x)))'),
-    ('a8', 'looped.py', "sandwich without post_attn (the attention's sum not normalized)",
+    ('a8', 'lab/designs.py', "sandwich without post_attn (the attention's sum not normalized)",
      'x = self.post_attn(x + self.attn(self.norm_1(x), kv))', 'x = x + self.attn(self.norm_1(x), kv)'),
-    ('a8', 'looped.py', "sandwich without post_mlp (the layer does not end in a norm)",
+    ('a8', 'lab/designs.py', "sandwich without post_mlp (the layer does not end in a norm)",
      'return self.post_mlp(x + self.mlp(self.norm_2(x)))', 'return x + self.mlp(self.norm_2(x))'),
-    ('a8', 'looped.py', 'sandwich with the two post-norms swapped',
+    ('a8', 'lab/designs.py', 'sandwich with the two post-norms swapped',
      """        x = self.post_attn(x + self.attn(self.norm_1(x), kv))
         return self.post_mlp(x + self.mlp(self.norm_2(x)))""",
      """        x = self.post_mlp(x + self.attn(self.norm_1(x), kv))
         return self.post_attn(x + self.mlp(self.norm_2(x)))"""),
-    ('a8', 'looped.py', 'sandwich with the two pre-norms swapped',
+    ('a8', 'lab/designs.py', 'sandwich with the two pre-norms swapped',
      """        x = self.post_attn(x + self.attn(self.norm_1(x), kv))
         return self.post_mlp(x + self.mlp(self.norm_2(x)))""",
      """        x = self.post_attn(x + self.attn(self.norm_2(x), kv))
         return self.post_mlp(x + self.mlp(self.norm_1(x)))"""),
-    ('a8', 'looped.py', 'post-norm instead of sandwich: norm(x + f(x)), no norm before the sublayer',
+    ('a8', 'lab/designs.py', 'post-norm instead of sandwich: norm(x + f(x)), no norm before the sublayer',
      """        x = self.post_attn(x + self.attn(self.norm_1(x), kv))
         return self.post_mlp(x + self.mlp(self.norm_2(x)))""",
      """        x = self.post_attn(x + self.attn(x, kv))
         return self.post_mlp(x + self.mlp(x))"""),
-    ('a8', 'looped.py', 'the residual left out: norm(f(norm(x)))',
+    ('a8', 'lab/designs.py', 'the residual left out: norm(f(norm(x)))',
      'x = self.post_attn(x + self.attn(self.norm_1(x), kv))', 'x = self.post_attn(self.attn(self.norm_1(x), kv))'),
-    ('a8', 'looped.py', "the MLP reads the block's input (the two sublayers in parallel)",
+    ('a8', 'lab/designs.py', "the MLP reads the block's input (the two sublayers in parallel)",
      """        x = self.post_attn(x + self.attn(self.norm_1(x), kv))
         return self.post_mlp(x + self.mlp(self.norm_2(x)))""",
      """        y = self.post_attn(x + self.attn(self.norm_1(x), kv))
         return self.post_mlp(y + self.mlp(self.norm_2(x)))"""),
-    ('a8', 'looped.py', 'the MLP before the attention',
+    ('a8', 'lab/designs.py', 'the MLP before the attention',
      """        x = self.post_attn(x + self.attn(self.norm_1(x), kv))
         return self.post_mlp(x + self.mlp(self.norm_2(x)))""",
      """        x = self.post_attn(x + self.mlp(self.norm_1(x)))

@@ -35,6 +35,8 @@ REDACTIONS = [
      False),
     ('data/shakespeare_char/prepare.py', 'so the counts differ from the README\'s")',
      'so the counts differ from the classic file\'s")', False),
-    # a pointer at the project's test suite, which the copy leaves out
+    # pointers at the project's test suite and docs, which the copy leaves out
     ('lab/engine.py', ' (tests/test_generation.py pins\nit) while', '\nwhile', False),
+    ('lab/designs.py', ' (tests/test_designs.py), so', ', so', False),
+    ('lab/designs.py', ' Adding a\ndesign: docs/usage.md, "Adding a design".\n', '\n', False),
 ]

@@ -29,11 +29,21 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+TINY = dict(vocab_size=11, block_size=16, n_embd=32, n_head=4, n_layer=2, n_loop=3)
+
+
 def tiny(seed=0, **kw):
-    """A 2-layer, d=32 looped model with K=3, seeded so that two calls give the same weights."""
-    base = dict(vocab_size=11, block_size=16, n_embd=32, n_head=4, n_layer=2, n_loop=3)
+    """A 2-layer, d=32 looped model with K=3 (looped.py's, the paper's), seeded so that two calls give the same
+    weights."""
     torch.manual_seed(seed)
-    return LoopedGPT(LoopedConfig(**{**base, **kw}))
+    return LoopedGPT(LoopedConfig(**{**TINY, **kw}))
+
+
+def designed(seed=0, **kw):
+    """tiny with the field's designs (lab/designs.py's DesignedGPT, whose fields kw may set): A8's model."""
+    from lab.designs import DesignConfig, DesignedGPT
+    torch.manual_seed(seed)
+    return DesignedGPT(DesignConfig(**{**TINY, **kw}))
 
 
 def batch(B=2, T=16, V=11, seed=1):

@@ -107,6 +107,7 @@ def test_logits_of_a_scaled_state_are_unchanged(readout):
     model = tiny(readout=readout)
     h = torch.randn(2, 5, 32) * 3
     for a in (0.1, 7.0, 1000.0):
-        check_close(model.exit_logits(a * h, 3), model.exit_logits(h, 3),
+        scaled, plain = (model.lm_head(model.exit_input(x, 3)) for x in (a * h, h))  # loop K's logits
+        check_close(scaled, plain,
                     f"logits of {a:g} h_K against those of h_K through the '{readout}' readout at loop K", rtol=1e-4,
                     atol=1e-4, hint="At the trained depth K this readout must normalize, so the scale cannot show.")

@@ -40,8 +40,8 @@ def test_the_model_penalizes_the_states_before_any_inter_loop_norm(recurrence):
     x, y = batch()
     outputs = []
     model = tiny(recurrence=recurrence, norm_penalty=0.01)
-    step = model.loop_step
-    model.loop_step = lambda h, *cache: outputs.append(step(h, *cache)) or outputs[-1]  # each pass's own output
+    step = model.loop_pass
+    model.loop_pass = lambda *a: outputs.append(step(*a)) or outputs[-1]  # each pass's own output
     _, loss, stats = model(x, y)
     expected = stats['ce'].mean() + 0.01 * torch.stack([h.pow(2).mean() for h in outputs]).mean()
     check_close(loss, expected, f"{recurrence} recurrence: the training loss against mean CE + lambda * mean_k "

@@ -18,7 +18,7 @@ def test_alpha_one_is_exactly_raw():
     raw, alpha = tiny(readout='raw'), tiny(readout='alpha', alpha=1.0)
     alpha.readout.norm.log_s_ref.data.fill_(1.7)  # s_ref must not matter at alpha = 1
     h = torch.randn(2, 5, 32) * 40
-    a, r = alpha.exit_logits(h, 1), raw.exit_logits(h, 1)
+    a, r = alpha.lm_head(alpha.exit_input(h, 1)), raw.lm_head(raw.exit_input(h, 1))
     assert torch.equal(a, r), \
         f"alpha = 1 must give the raw readout's logits bit for bit (largest difference " \
         f"{(a - r).abs().max().item():.3g}); write the output as h * (s_ref / s)^(1 - alpha), which is h at alpha = 1"

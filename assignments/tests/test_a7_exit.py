@@ -375,7 +375,8 @@ def last_position_by_hand(model, prompt):
         e = model.embed(prompt)
         logps, states = [], [e[:, -1]]
         for k, h in model.loops(e, K_GEN):
-            logps.append(F.log_softmax(model.exit_logits(h[:, -1:], k)[:, -1].float(), -1))
+            logits = model.lm_head(model.exit_input(h[:, -1:], k))             # (B, 1, V)
+            logps.append(F.log_softmax(logits[:, -1].float(), -1))
             states.append(h[:, -1])
     return torch.stack(logps, 1).double(), torch.stack(states, 1).double()
 

@@ -1,13 +1,14 @@
-"""A8 grader: LoopedGPT.inject and Block.sandwich_forward (looped.py), the field's designs, against invariants and
-computations done here by hand: what concat computes at initialization, what add's first pass runs on, what the
-adapter's two halves do, and the RMS a sandwich layer hands on; and both designs inside generation
-with its KV cache (lab/engine.py) against the plain model.generate. PYTEST_DONT_REWRITE"""
+"""A8 grader: DesignedGPT.inject and DesignBlock.sandwich_forward (lab/designs.py, the extension of looped.py's model
+that builds the field's designs), against invariants and computations done here by hand: what concat computes at
+initialization, what add's passes run on, what the adapter's two halves do, and the RMS a sandwich layer hands on;
+and both designs inside generation with its KV cache (lab/engine.py) against the plain model.generate.
+PYTEST_DONT_REWRITE"""
 
 import pytest
 import torch
 
-from grading import check_close, generated_both_ways, tiny, one_thread  # noqa: F401
-from looped import Block, LoopedConfig
+from grading import check_close, designed, generated_both_ways, one_thread  # noqa: F401
+from lab.designs import DesignBlock, DesignConfig
 
 
 def pair(seed=1):
@@ -16,7 +17,7 @@ def pair(seed=1):
 
 
 def test_add_returns_h_plus_e_with_both_gradients():
-    model = tiny(injection='add')
+    model = designed(injection='add')
     h, e = (x.requires_grad_() for x in pair())
     w = torch.randn(2, 5, 32)
     out = model.inject(h, e)
@@ -27,43 +28,44 @@ def test_add_returns_h_plus_e_with_both_gradients():
         check_close(g, w, f"injection='add': d(w . inject(h, e)) / d{name} against w (the sum passes it on unchanged)")
 
 
-def recorded(model):
-    """Every pass's input (what loop_step is given) and output."""
-    inputs, outputs = [], []
-    step = model.loop_step
-
-    def wrapped(h, *cache):  # generation also hands on its KVCache and the pass index
-        inputs.append(h)
-        outputs.append(step(h, *cache))
-        return outputs[-1]
-    model.loop_step = wrapped
-    return inputs, outputs
+def stack_inputs(model):
+    """What each pass runs on, after the injection: the input of the shared stack's first layer, recorded at each
+    of its calls."""
+    seen = []
+    model.blocks[0].register_forward_pre_hook(lambda block, args: seen.append(args[0]))
+    return seen
 
 
-def test_adds_first_pass_runs_on_2e_and_each_later_one_on_h_plus_e():
-    """Through the model's own loop: pass 1 starts from h_0 = e, so it runs on e + e = 2e; pass k + 1 on h_k + e."""
-    model = tiny(injection='add').eval()
+@pytest.mark.parametrize('recurrence', ['residual', 'normed'])
+def test_adds_first_pass_runs_on_2e_and_each_later_one_on_the_carried_state_plus_e(recurrence):
+    """Through the model's own loop (DesignedGPT.loop_pass hands inject the carried state and e): pass 1 starts
+    from h_0 = e, so it runs on e + e = 2e; pass k + 1 on h_k + e, or under normed recurrence on
+    inter_norm(h_k) + e."""
+    model = designed(injection='add', recurrence=recurrence).eval()
     e = torch.randn(2, 5, 32)
-    inputs, outputs = recorded(model)
+    inputs = stack_inputs(model)
     with torch.no_grad():
-        list(model.loops(e, 3))
-    assert len(inputs) == 3, f"loops(e, 3) ran loop_step {len(inputs)} times"
+        states = [h for _, h in model.loops(e, 3)]
+        carried = [model.inter_norm(h) if recurrence == 'normed' else h for h in states]
+    assert len(inputs) == 3, f"loops(e, 3) ran the stack {len(inputs)} times"
     check_close(inputs[0], 2 * e, "injection='add': the input of pass 1 against 2e (h_0 = e, plus e)",
                 hint="inject(h, e) returns h + e: the carried state and the embedding, each as it is.")
     for k in (1, 2):
-        check_close(inputs[k], outputs[k - 1] + e, f"injection='add': the input of pass {k + 1} against h_{k} + e")
+        check_close(inputs[k], carried[k - 1] + e, f"injection='add', {recurrence} recurrence: the input of pass "
+                    f"{k + 1} against the state carried from loop {k} plus e",
+                    hint="inject gets the carried state first and the embedding second.")
 
 
 def concat_and_none(seed=0):
     """A concat model and a model without injection with the same weights; the adapter keeps its [I | 0] start."""
-    none, concat = tiny(seed), tiny(seed, injection='concat')
+    none, concat = designed(seed), designed(seed, injection='concat')
     missing, unexpected = concat.load_state_dict(none.state_dict(), strict=False)
     assert missing == ['adapter.weight'] and not unexpected, \
-        f"the concat model's extra weights are {missing} (a fault of the grader or of looped.py, not of inject)"
+        f"the concat model's extra weights are {missing} (a fault of the grader or of lab/designs.py, not of inject)"
     d = 32
     start = torch.cat([torch.eye(d), torch.zeros(d, d)], dim=1)
     assert torch.equal(concat.adapter.weight, start), \
-        "the adapter does not start at [I | 0] (set in _init_weights, not by inject): the grader cannot check concat"
+        "the adapter does not start at [I | 0] (set in init_weights, not by inject): the grader cannot check concat"
     return none.eval(), concat.eval()
 
 
@@ -89,7 +91,7 @@ def test_concat_at_initialization_computes_what_no_injection_computes():
 
 def test_concat_is_W_h_h_plus_W_e_e_by_hand():
     """With any W = [W_h | W_e] (C x 2C), W [h; e] = h W_h^T + e W_e^T per token."""
-    model = tiny(injection='concat')
+    model = designed(injection='concat')
     W = torch.randn(32, 64, generator=torch.Generator().manual_seed(3)) / 8
     with torch.no_grad():
         model.adapter.weight.copy_(W)
@@ -116,7 +118,7 @@ def test_changing_the_adapters_second_half_changes_the_output():
 
 def test_concat_gradients_reach_h_e_and_both_halves_of_the_adapter():
     """For L = sum(w * W [h; e]): dL/dh = w W_h, dL/de = w W_e, dL/dW = sum over tokens of w^T [h; e]."""
-    model = tiny(injection='concat')
+    model = designed(injection='concat')
     W = torch.randn(32, 64, generator=torch.Generator().manual_seed(5)) / 8
     with torch.no_grad():
         model.adapter.weight.copy_(W)
@@ -131,11 +133,11 @@ def test_concat_gradients_reach_h_e_and_both_halves_of_the_adapter():
 
 
 def sandwich_block(last_gain=None, seed=6):
-    """A sandwich Block whose four norms have different gains (so that none can stand in for another), the last
+    """A sandwich DesignBlock whose four norms have different gains (so that none can stand in for another), the last
     one a constant if last_gain is given."""
     torch.manual_seed(seed)
-    block = Block(LoopedConfig(vocab_size=11, block_size=16, n_embd=32, n_head=4, n_layer=1, n_loop=1,
-                               block='sandwich')).eval()
+    block = DesignBlock(DesignConfig(vocab_size=11, block_size=16, n_embd=32, n_head=4, n_layer=1, n_loop=1,
+                                     block='sandwich')).eval()
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for norm in (block.norm_1, block.post_attn, block.norm_2, block.post_mlp):
@@ -179,7 +181,7 @@ def test_both_sublayer_sums_are_normalized():
 def test_a_sandwich_model_hands_on_every_state_at_the_gain():
     """Through the model: with every block's last gain at 0.7, each h_k (B, T, C) has RMS 0.7 per token whatever
     the scale of h_0, so ||h_k|| = 0.7 sqrt(C) at every loop: the scale is not carried."""
-    model = tiny(block='sandwich').eval()
+    model = designed(block='sandwich').eval()
     with torch.no_grad():
         for block in model.blocks:
             block.post_mlp.weight.fill_(0.7)
@@ -212,7 +214,7 @@ def test_cached_generation_gives_the_plain_generations_tokens(design):
     same seed lab.engine.generate with cache=True must sample the very tokens model.generate
     samples (the whole window rerun for every token), from the same log-probabilities (to 1e-4),
     at the trained depth K = 3 and at 5 loops, across a restart of the window (block_size 16)."""
-    model = with_random_gains_and_adapter(tiny(**design).eval())
+    model = with_random_gains_and_adapter(designed(**design).eval())
     prompt = torch.randint(11, (2, 5), generator=torch.Generator().manual_seed(4))
     name = ', '.join(f"{k}='{v}'" for k, v in design.items())
     hint = ("hand kv to the attention, self.attn(self.norm_1(x), kv), as Block.forward does"
