@@ -2,8 +2,9 @@
 A looped (depth-recurrent) transformer language model, in one file.
 
 One shared stack of pre-norm layers is applied n_loop = K times: h_0 = e, the embedding, and
-h_k = stack(h_{k-1}). Every loop's state h_k is read out by the LM head, so every loop can get a
-cross-entropy ("per-loop", or dense, supervision).
+h_k = stack(carry(h_{k-1})), where carry is h itself (residual) or RMSNorm(h) (normed). Every
+loop's state h_k is read out by the LM head, so every loop can get a cross-entropy ("per-loop", or
+dense, supervision): loss = mean_k CE(head(readout(h_k))) + lambda * mean_k mean(h_k^2).
 
 This is the model of "Dense Supervision Is Not Enough: The Readout Blind Spot in Looped Language
 Models" (2026, arXiv 2606.24898). Its point: a scale-invariant readout (RMSNorm or LayerNorm before
@@ -20,8 +21,9 @@ the residual loop keeps carrying, and growing, that scale. The fields that expos
 
 The rest is the shape (vocab_size, block_size, n_embd, n_head, n_layer, n_loop, dropout) and two
 choices that leave the idea alone (tie_weights, norm_eps). LoopedGPT.loops is where the loop runs.
-The other looped LMs' designs extend this model in lab/designs.py, through the methods marked "a
-seam" below; here each does the paper's thing.
+The other looped LMs' designs extend this model in lab/designs.py by overriding a few methods,
+the seams, each of which does the paper's thing here: LoopedConfig.checks, make_stack, embed,
+loop_pass, carry, exit_input, loop_loss, training_loss (their docstrings say "A seam").
 Generation with a KV cache and early exit lives in lab/engine.py; this file has the plain reference.
 """
 
@@ -56,7 +58,7 @@ class LoopedConfig:
     alpha: Optional[float] = None  # readout=alpha: unset learns alpha, a number in [0, 1] fixes it
     norm_penalty: float = 0.0  # lambda in lambda * mean_k mean(h_k^2); the paper uses 0.01
     recurrence: str = 'residual'  # the next loop starts from h_k, or from RMSNorm(h_k)
-    tie_weights: bool = True  # the LM head shares the token embedding's weight, as the authors'
+    tie_weights: bool = True  # the LM head shares the token embedding's weight, as the authors do
     norm_eps: float = 1e-6  # epsilon of every RMSNorm, as in the authors' release
 
     def __post_init__(self):
@@ -65,7 +67,7 @@ class LoopedConfig:
                 raise ValueError(f"{name}={getattr(self, name)!r} {why}")
 
     def checks(self, choices=CHOICES):
-        """(field, whether its value is valid, why not) for every check; a seam: lab/designs.py
+        """(field, whether its value is valid, why not) for every check. A seam: lab/designs.py
         passes its larger choices and adds the checks of its fields."""
         checks = [(name, getattr(self, name) in allowed, 'is not one of ' + ', '.join(allowed))
                   for name, allowed in choices.items()]
@@ -111,8 +113,9 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)  # no dropout after it
 
     def forward(self, x, kv=None):
-        """x (B, T, C) -> (B, T, C). kv, generation's cache of this layer (lab/engine.py), takes
-        this call's keys and values (B, nh, T, hs) and returns all so far: x is the newest T."""
+        """x (B, T, C) -> (B, T, C): plain causal attention. kv is None but in generation's KV
+        cache (lab/engine.py), where it takes this call's keys and values (B, nh, T, hs) and
+        returns all so far (B, nh, L, hs): x is then the newest T of L positions."""
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
@@ -232,8 +235,8 @@ class LoopedGPT(nn.Module):
             self.lm_head.weight = self.wte.weight
 
     def make_stack(self):
-        """The n_layer layers every loop runs. A seam: lab/designs.py makes other layers, and its
-        layers around the loop, here (where their weights have always been drawn)."""
+        """The n_layer layers every loop runs. A seam: lab/designs.py makes its own layers here, and
+        those it runs around the loop."""
         return nn.ModuleList([Block(self.config) for _ in range(self.config.n_layer)])
 
     def num_params(self):
@@ -243,8 +246,8 @@ class LoopedGPT(nn.Module):
     # ---- the forward pass in the order it runs: embed, loops, readout, loss
 
     def embed(self, idx, cache=None):
-        """h_0 = e: token plus position embedding, (B, T) -> (B, T, C). With generation's cache
-        (lab/engine.py), idx holds the tokens after the cache.length cached ones."""
+        """h_0 = e: token plus position embedding, (B, T) -> (B, T, C). A seam. With generation's
+        cache (lab/engine.py), idx holds the tokens after the cache.length cached ones."""
         t0 = 0 if cache is None else cache.length
         pos = torch.arange(t0, t0 + idx.size(1), device=idx.device)  # (T,)
         return self.drop(self.wte(idx) + self.wpe(pos))               # (B, T, C)
@@ -252,8 +255,8 @@ class LoopedGPT(nn.Module):
     def loops(self, e, n_loop, cache=None, edit=None):
         """The recurrence, the one place it is written: yields (k, h_k) for k = 1..n_loop, from
         h_0 = e. h_k is pass k's output, before any norm between loops: what is read out,
-        penalized and logged. edit(k, h_in, h_k, e) -> (h_k, e), lab/diagnose.py's hook, may
-        change each output or drop rows of the batch (its clamps, its exits, its rounding)."""
+        penalized and logged. edit, None in training and generation, is lab/diagnose.py's hook:
+        edit(k, h_in, h_k, e) -> (h_k, e) may change each output or drop rows of the batch."""
         h = e
         for k in range(1, n_loop + 1):
             h_in = h                                  # what pass k starts from
@@ -272,11 +275,11 @@ class LoopedGPT(nn.Module):
 
     def carry(self, h):
         """What pass k+1 starts from, given h_k (B, T, C): h_k itself (residual), or RMSNorm(h_k)
-        (normed), which sets its scale back to one. A seam, as are the three below."""
+        (normed), whose RMS is the norm's gain whatever h_k's. A seam."""
         return h if self.inter_norm is None else self.inter_norm(h)
 
     def exit_input(self, h, k, cache=None):
-        """What the LM head reads of h_k (B, T, C) at loop k: the readout."""
+        """What the LM head reads of h_k (B, T, C) at loop k: the readout. A seam."""
         return self.readout(h, k)
 
     def head_loss(self, x, targets, reduction='mean'):
@@ -289,7 +292,7 @@ class LoopedGPT(nn.Module):
 
     def loop_loss(self, h, k, targets, reduction='mean'):
         """Loop k's (logits, cross-entropy) from h_k (B, T, C) and targets (B, T); reduction
-        'none' gives every token's cross-entropy, (B * T,)."""
+        'none' gives every token's cross-entropy, (B * T,). A seam."""
         return self.head_loss(self.exit_input(h, k), targets, reduction)
 
     def supervision_loss(self, ces):
@@ -307,8 +310,8 @@ class LoopedGPT(nn.Module):
 
     def training_loss(self, ces, states, e, stats):
         """What training minimizes: the supervised cross-entropies, plus the norm penalty if on.
-        e and stats (forward's) are for lab/designs.py's losses: a penalty on a pass from e, and
-        what their terms report."""
+        A seam: e and stats (forward's) are for lab/designs.py's terms (a penalty on a pass from
+        e, and what it reports)."""
         loss = self.supervision_loss(ces)
         if self.config.norm_penalty > 0:
             loss = loss + self.norm_penalty(states)

@@ -13,10 +13,9 @@ continuing or extending a run (same flags); a warmup and nanoGPT's cosine decay;
     python train.py --decay_lr --warmup_iters=50 --lr_decay_iters=500 --min_lr=3e-4
     torchrun --standalone --nproc_per_node=2 train.py --device=cpu
 
-The laptop run's values are the defaults written below; a named --config replaces some of them
-(lab/configs.py), and a flag overrides both. Each call into the lab names its module: runs (the
-run folder: log, checkpoint, resume), runtime (device, dtype, compile, DDP), report (the eval and
-progress lines), configs (the flags' checks).
+The laptop run's values are the defaults written below; a named --config replaces some (lab/
+configs.py), a flag overrides both. Each lab call names its module: designs (the model), runs (the
+run folder: log, checkpoint, resume), runtime (device, dtype, compile, DDP), report (the lines).
 """
 
 import argparse
@@ -33,7 +32,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from data import DATASETS, find_dataset
 from data.common import check_same_data, read_dataset
 from lab import configs, report, runs, runtime  # flags, printed lines, the run folder, the device
-# looped.py's model with the field's designs as options; with none on it is looped.py's LoopedGPT
+# looped.py's model with the field's designs as options: with none on, looped.py's LoopedGPT
 from lab.designs import DesignConfig, DesignedGPT, sampled_depth
 
 
@@ -187,6 +186,7 @@ class Job:
             print(*a, **k)
 
     def save(self):
+        # ckpt.pt: weights, optimizer, GradScaler, config, flags, step, last record, data, RNGs
         if self.rank == 0:  # the other processes hold the same weights
             self.run.save(runs.checkpoint_state(
                 self.raw_model, self.optimizer, self.scaler, self.args, self.step,
@@ -310,7 +310,7 @@ def main(argv=None):
             if note:
                 say(f"{run.log_path}: {note}")
         with runs.Interrupts(world, say) as interrupts:
-            if job.ckpt is not None and job.ckpt['step'] >= args.max_iters:  # log repaired above
+            if job.ckpt is not None and job.ckpt['step'] >= args.max_iters:  # nothing left to do
                 say(f"{args.out_dir} is finished at step {job.ckpt['step']}; pass a larger "
                     "--max_iters to continue it")
                 return
@@ -411,8 +411,8 @@ def train(job, interrupts):
             break
         for group in job.optimizer.param_groups:
             group['lr'] = learning_rate(args, job.step)
-        r = sampled_depth(job.config, args.seed, job.step)  # K, unless the depth is sampled
-        lossf, cef, stats, skipped = optimizer_step(job, r)
+        n_loop = sampled_depth(job.config, args.seed, job.step)  # K, unless --depth_sampling
+        lossf, cef, stats, skipped = optimizer_step(job, n_loop)
         job.step += 1
         # ---- agree across processes, stop on divergence, print progress, honour Ctrl-C
         stop = interrupts.requested  # read once: a later signal is seen at the next step
@@ -431,7 +431,7 @@ def train(job, interrupts):
         if log_step or stop or world > 1:  # the losses are read at log steps (and before a save)
             check_finite(losses, job.step, run)
         if log_step:
-            say(progress.progress_line(stats, r, job.step - last_line))
+            say(progress.progress_line(stats, n_loop, job.step - last_line))
             last_line = job.step
         if stop:
             job.save()

@@ -19,10 +19,10 @@ DesignedGPT computes exactly what LoopedGPT does (tests/test_designs.py), so eve
     init, mlp, attention, tie_weights                  GPT-2's init, GELU, attention spelled out, an untied head
 
 How a design plugs in: LoopedGPT's seams, each of which does the paper's thing in looped.py, are overridden here:
-make_stack (the layers, and those around the loop), embed (the prelude), loop_pass (injection, truncated backprop,
-the 1/K update), carry (damping), exit_input (the coda), loop_loss (per-token losses for the gate) and
-training_loss (the gate's loss, the Jacobian penalty); LoopedConfig.checks takes the larger choices. Adding a
-design: docs/usage.md, "Adding a design".
+checks (the larger choices), make_stack (the layers, and those around the loop), embed (the prelude), loop_pass
+(injection, truncated backprop, the 1/K update), carry (damping), exit_input (the coda), loop_loss (per-token
+losses for the gate), training_loss (the Jacobian penalty) and, under gated supervision, forward (gated_forward:
+each loop's gate beside its loss). Adding a design: docs/usage.md, "Adding a design".
 """
 
 import math
@@ -123,7 +123,9 @@ class DesignBlock(Block):
     f(x)): DeepNorm's alpha is (2N)^(1/4), DeepLoop squares it for a loop, sqrt(2N), N = n_layer * n_loop."""
 
     def __init__(self, config):
-        nn.Module.__init__(self)  # Block's layers with the designs' own, made (and drawn) in one order
+        # not Block.__init__: the design's norms sit between Block's layers, and every layer is made (its weights
+        # drawn from torch's one stream) in the order it runs
+        nn.Module.__init__(self)
         self.sandwich = sandwich = config.block == 'sandwich'
         self.deepnorm = config.block == 'deepnorm'
         self.residual_weight = math.sqrt(2 * config.n_layer * config.n_loop)  # deepnorm's alpha
@@ -172,6 +174,7 @@ class DiagonalInjection(nn.Module):
 
 
 class DesignedGPT(LoopedGPT):
+    """looped.py's LoopedGPT with every design of DesignConfig; at the defaults it computes what LoopedGPT does."""
 
     def __init__(self, config):
         super().__init__(config)
