@@ -38,5 +38,5 @@ REDACTIONS = [
     # pointers at the project's test suite and docs, which the copy leaves out
     ('lab/engine.py', ' (tests/test_generation.py pins\nit) while', '\nwhile', False),
     ('lab/designs.py', ' (tests/test_designs.py), so', ', so', False),
-    ('lab/designs.py', ' Adding a\ndesign: docs/usage.md, "Adding a design".\n', '\n', False),
+    ('lab/designs.py', ' Adding a design: docs/usage.md, "Adding a design".\n', '\n'),
 ]
