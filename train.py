@@ -386,6 +386,26 @@ def check_finite(losses, step, run):
                       f"{runs.kept(run)} (try a lower --learning_rate)")
 
 
+def agree(job, lossf, cef, stop):
+    """Under torchrun every process must see the same loss and stop at the same step, or they hang:
+    one all-reduce a step, which a single process goes without. Returns (loss, ce_K, stop)."""
+    if job.world == 1:
+        return lossf, cef, stop
+    flag = torch.tensor(float(stop), device=lossf.device)
+    shared = torch.stack([lossf.float(), cef.float(), flag])
+    dist.all_reduce(shared)
+    return shared[0] / job.world, shared[1] / job.world, shared[2].item() > 0
+
+
+def exit_interrupted(job):
+    """After Ctrl-C's save: no process exits before it (torchrun kills the rest when one ends)."""
+    if job.world > 1:
+        dist.barrier()
+    job.say(f"saved {job.run.ckpt_path} at step {job.step}; continue with the same flags plus "
+            "--resume", flush=True)
+    sys.exit(130)
+
+
 def train(job, interrupts):
     """Evaluate, save and log every eval_interval steps, train one step, repeat; Ctrl-C saves."""
     args, run, say, world, K = job.args, job.run, job.say, job.world, job.config.n_loop
@@ -414,13 +434,8 @@ def train(job, interrupts):
         n_loop = sampled_depth(job.config, args.seed, job.step)  # K, unless --depth_sampling
         lossf, cef, stats, skipped = optimizer_step(job, n_loop)
         job.step += 1
-        # ---- agree across processes, stop on divergence, print progress, honour Ctrl-C
-        stop = interrupts.requested  # read once: a later signal is seen at the next step
-        if world > 1:  # all processes must see the same loss and stop at the same step, or hang
-            flag = torch.tensor(float(stop), device=job.rt.device)
-            shared = torch.stack([lossf.float(), cef.float(), flag])
-            dist.all_reduce(shared)  # a sync every step, which a single process goes without
-            lossf, cef, stop = shared[0] / world, shared[1] / world, shared[2].item() > 0
+        # ---- the bookkeeping: processes agree, divergence stops, progress prints, Ctrl-C saves
+        lossf, cef, stop = agree(job, lossf, cef, interrupts.requested)  # the flag read once
         losses.append(lossf)  # checked finite below: a non-finite loss is a divergence, always
         if skipped:  # float16 gradients overflowed and the scaler caught it: not a divergence
             job.fp16_skips += 1
@@ -435,11 +450,7 @@ def train(job, interrupts):
             last_line = job.step
         if stop:
             job.save()
-            if world > 1:  # no process exits before the save: torchrun kills the rest when one ends
-                dist.barrier()
-            say(f"saved {run.ckpt_path} at step {job.step}; continue with the same flags plus "
-                "--resume", flush=True)
-            sys.exit(130)
+            exit_interrupted(job)
     runtime.check_replicas(job.raw_model, world, say)
     say(f"done: {job.step} steps in {runs.fmt_time(time.time() - progress.t_start)}; final ||h_K|| "
         f"{job.last_record['hidden_norm'][K - 1]:.1f}, val loss "
