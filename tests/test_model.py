@@ -371,3 +371,7 @@ def test_dropout_acts_where_the_authors_put_it(monkeypatch):
     assert shapes.count((2, 4, 16, 16)) == K * L                     # attention probabilities (B, nh, T, T)
     assert shapes.count((2, 16, 32)) == 1 + K * L                    # the embedding, then each MLP output
     assert len(shapes) == 1 + 2 * K * L
+    # looped.py's own attention drops its probabilities inside the fused kernel: the rest as above
+    shapes.clear()
+    tiny(dropout=0.5).train()(x, y)
+    assert shapes == [(2, 16, 32)] * (1 + K * L), shapes
