@@ -224,25 +224,11 @@ def setup(args, given):
                 print(f"{args.epochs:g} epochs x {windows:,} windows ({n:,} tokens in windows "
                       f"of {T} at stride {T // 2}) / {global_batch} per step = "
                       f"{args.max_iters:,} steps")
-        schedule_defaults(args)
+        configs.schedule_defaults(args)  # --decay_lr's unset values: max_iters, learning_rate / 10
         run.check(args.resume, args.overwrite)
     except (ValueError, runs.RunError) as e:
         runs.fail(e)
     return Job(args, rt, rank, world, micro_steps, global_batch, run, ckpt, config, data)
-
-
-def schedule_defaults(args):
-    """nanoGPT's defaults for an unset schedule: decay over the whole run to a tenth of the rate
-    (only under --decay_lr: a run extended with --resume --decay_lr then decays over all of it)."""
-    if not args.decay_lr:
-        return
-    if args.lr_decay_iters is None:
-        args.lr_decay_iters = args.max_iters
-    if args.min_lr is None:
-        args.min_lr = args.learning_rate / 10
-    if args.lr_decay_iters <= args.warmup_iters:
-        raise ValueError(f"--lr_decay_iters={args.lr_decay_iters} must be greater than "
-                         f"--warmup_iters={args.warmup_iters}: the decay starts after the warmup")
 
 
 def learning_rate(args, step):
@@ -277,13 +263,9 @@ def build(job):
     if rt.compile:
         runtime.compile_regions(model)  # the blocks and the loss, not the loop: any K reuses them
     if job.world > 1:  # gradients are averaged across processes in backward
-        cuda, c = rt.device_type == 'cuda', job.config
-        # a step of one pass (a drawn depth of 1, bptt) leaves the damping, the inter-loop norm, the
-        # last gate or final_norm's norm without a gradient, which DDP must be told to expect
-        unused = (c.depth_sampling != 'fixed' or c.bptt > 0 or c.recurrence != 'residual'
-                  or c.supervision == 'gated' or c.readout == 'final_norm')
+        cuda = rt.device_type == 'cuda'
         model = DDP(model, device_ids=[torch.device(rt.device)] if cuda else None,
-                    find_unused_parameters=unused)
+                    find_unused_parameters=job.config.may_leave_parameters_unused())
     job.model = model
 
 

@@ -130,6 +130,20 @@ def add_model_flags(p):
                            choices=CHOICES.get(f.name), help=helps[f.name])
 
 
+def schedule_defaults(args):
+    """nanoGPT's defaults for an unset schedule: decay over the whole run to a tenth of the rate
+    (only under --decay_lr: a run extended with --resume --decay_lr then decays over all of it)."""
+    if not args.decay_lr:
+        return
+    if args.lr_decay_iters is None:
+        args.lr_decay_iters = args.max_iters
+    if args.min_lr is None:
+        args.min_lr = args.learning_rate / 10
+    if args.lr_decay_iters <= args.warmup_iters:
+        raise ValueError(f"--lr_decay_iters={args.lr_decay_iters} must be greater than "
+                         f"--warmup_iters={args.warmup_iters}: the decay starts after the warmup")
+
+
 # ---- nanoGPT's habits: flags a nanoGPT user types from memory, each answered by train.py in one line that
 # names this repository's way (the usage guide's table "From nanoGPT" lists them beside the flags that are the same)
 NANOGPT_HABITS = {

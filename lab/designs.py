@@ -79,6 +79,13 @@ class DesignConfig(LoopedConfig):
             self.tie_weights = self.init != 'gpt2'  # the authors tie; gpt2 unties, as nanochat does
         super().__post_init__()
 
+    def may_leave_parameters_unused(self):
+        """Whether a training step can leave a parameter without a gradient, which DDP must be told to expect: a
+        step of one pass (a drawn depth of 1, bptt) leaves the damping, the inter-loop norm, the last gate or
+        final_norm's norm without one."""
+        return (self.depth_sampling != 'fixed' or self.bptt > 0 or self.recurrence != 'residual'
+                or self.supervision == 'gated' or self.readout == 'final_norm')
+
     def checks(self, choices=CHOICES):
         return super().checks(choices) + [
             *[(name, getattr(self, name) >= 0, 'must be at least 0') for name in ('n_prelude', 'n_coda', 'bptt')],

@@ -6,6 +6,7 @@ into the lab) must leave all of them as they were; a change to the math must rew
     python tests/test_pinned_math.py --write    # only after a change that is meant to change the numbers
 """
 
+import argparse
 import json
 import os
 import sys
@@ -84,8 +85,13 @@ def test_a_design_computes_what_it_computed_when_pinned(name):
             assert now[key] == pytest.approx(value, rel=1e-5, abs=1e-6), f"{name}: {key} changed"
 
 
+def get_parser():
+    p = argparse.ArgumentParser(description='Rewrite the pinned values, only after a change meant to change the math.')
+    p.add_argument('--write', action='store_true', required=True, help=f'write {os.path.relpath(PATH)} afresh')
+    return p
+
+
 if __name__ == '__main__':
-    if sys.argv[1:] != ['--write']:
-        sys.exit("usage: python tests/test_pinned_math.py --write")
+    get_parser().parse_args()
     write()
     print(f"wrote {PATH}")

@@ -364,7 +364,8 @@ def test_readme_flags_exist_and_the_concept_table_matches_the_defaults():
                bench.own_parser(), faults.get_parser(), matched_depth.get_parser(), atlas.get_parser(),
                norm_course.get_parser()]
     parsers += [importlib.import_module(m).get_parser() for m in ('lab.compare', 'data.shakespeare_char.prepare', 'data.shakespeare.prepare',
-                'data.wikitext103.prepare', 'make_student', 'check_answers', 'mutations')]
+                'data.wikitext103.prepare', 'make_student', 'check_answers', 'mutations',
+                'test_pinned_math')]
     spec = importlib.util.spec_from_file_location('key_mutations', os.path.join(ROOT, 'assignments', 'key', 'mutations.py'))
     key = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(key)  # the kit's mutation list, whose --stubs the docs name
