@@ -58,7 +58,9 @@ CHOICES = {
 
 @dataclass
 class DesignConfig(LoopedConfig):
-    # the paper's fields, and beside them every other design's; supervision also takes 'gated', recurrence 'damped'
+    # the paper's fields (two with more values here), then every other design's
+    supervision: str = 'per_loop'  # which loops get a cross-entropy: all K, the last, or gated
+    recurrence: str = 'residual'  # the next loop starts from h_k, RMSNorm(h_k) or sigmoid(a) h_k
     gate_input: str = 'raw'  # gated: the exit gate reads h_k itself (the authors'), or the readout
     gate_beta: float = 0.1  # gated: beta in sum_k p_k CE_k - beta H(p); H <= ln 4 = 1.39 at K = 4
     init: str = 'paper'  # the authors', GPT-2's (head untied), or paper with small embeddings
