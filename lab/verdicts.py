@@ -116,7 +116,7 @@ def families():
     out.append(('laptop_deep', 'A deeper stack at a lower rate (4 layers, lr 1e-3, 1,500 steps)',
                 table(from_csv(figures('laptop_deep', 'paired.csv'), depth), 'raw - rmsnorm')))
     matched = lambda r: f"{r['configuration']}: {r['condition']}, {r['score']} at mean depth {r['depth']}"
-    for name in ('matched_depth', 'gate/exit_against', 'gate/exit_rmsnorm', 'gate/exit_raw'):
+    for name in ('matched_depth', 'atlas/exit', 'gate/exit_against', 'gate/exit_rmsnorm', 'gate/exit_raw'):
         out.append((f"matched: {name}", f'At matched mean depth ({name}/matched_depth.csv)',
                     table(from_csv(figures(*name.split('/'), 'matched_depth.csv'), matched), 'difference')))
     return out
