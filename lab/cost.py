@@ -153,14 +153,18 @@ def comparison_row(label, seeds, diffs, prediction):
 
 
 def family_table(rows, what):
-    """Holm over the family, then one markdown table: the comparison, its pairs, the mean difference with its
-    sample SD (ddof 1) and 95% t interval, the adjusted p and TOST p, the verdict and the prediction."""
-    family_verdicts([r for r in rows if r['n'] > 1], MARGIN, ALPHA)
+    """Holm over the family as declared (a comparison not yet measured still counts in m), then one markdown
+    table: the comparison, its pairs, the mean difference with its sample SD (ddof 1) and 95% t interval, the
+    adjusted p and TOST p, the verdict and the prediction."""
+    family_verdicts(rows, MARGIN, ALPHA)
+    for r in rows:
+        if r['n'] < 2:  # no test: no verdict, whatever family_verdicts wrote
+            r['verdict'] = 'no verdict: one pair' if r['n'] == 1 else 'no pairs'
     header = ['comparison', 'seeds', f'{what}: mean', 'SD (ddof 1)', '95% t interval', 'p (Holm)',
               f'TOST p at +-{MARGIN:g} (Holm)', 'verdict', 'predicted']
     body = [[r['label'], ' '.join(map(str, r['seeds'])), fmt_number(r['mean']), fmt_number(r['sd'], '.3f'),
              f"[{fmt_number(r['lo'])}, {fmt_number(r['hi'])}]", fmt_number(r.get('p_holm', math.nan), '.4f'),
-             fmt_number(r.get('p_tost_holm', math.nan), '.4f'), r.get('verdict', 'no verdict: one pair' if r['n'] == 1 else 'no pairs'), r['prediction']]
+             fmt_number(r.get('p_tost_holm', math.nan), '.4f'), r['verdict'], r['prediction']]
             for r in rows]
     return markdown(header, body)
 

@@ -87,10 +87,11 @@ def p_value(t, df):
 def holm(p_values):
     """Holm's step-down adjustment of a family's p-values, in their order: the k-th smallest of m is multiplied
     by m - k + 1, and each adjusted value is at least the one before it (so the family's chance of any false
-    'lower' or 'higher' stays below the level). nan (no test) stays nan and does not count in m."""
+    'lower' or 'higher' stays below the level). nan (no test yet: fewer than two pairs) stays nan but counts in
+    m: the family is the comparisons declared, not those measured so far."""
     p = np.asarray(p_values, dtype=float)
     tested = np.flatnonzero(np.isfinite(p))
-    adjusted, running, m = np.full(len(p), np.nan), 0.0, len(tested)
+    adjusted, running, m = np.full(len(p), np.nan), 0.0, len(p)
     for rank, i in enumerate(tested[np.argsort(p[tested], kind='stable')]):
         running = max(running, min(1.0, (m - rank) * p[i]))
         adjusted[i] = running

@@ -143,3 +143,15 @@ def test_one_pair_shows_its_difference_and_no_verdict(tmp_path):
     text = cost.family_table(cost.cost_rows(cells), 'rmsnorm - raw')
     assert '| 2 layers, lr 3e-3: rmsnorm - raw at depth 4 | 1 | -0.100 | n/a |' in text
     assert 'no verdict: one pair' in text and 'lower' not in text.split('\n')[2].split('|')[8]
+
+
+def test_holm_counts_every_declared_comparison_even_one_not_yet_measured():
+    """A family's m is the comparisons declared: with one of two measured, its p is doubled, and the one pair left
+    gets no verdict (not 'not resolved')."""
+    measured = cost.comparison_row('a', [1, 2, 3], [0.10, 0.12, 0.11], 'higher')
+    waiting = cost.comparison_row('b', [1], [0.3], 'higher')
+    alone = dict(measured)
+    cost.family_table([alone], 'x')
+    cost.family_table([measured, waiting], 'x')
+    assert measured['p_holm'] == pytest.approx(min(1.0, 2 * alone['p_holm']))
+    assert waiting['verdict'] == 'no verdict: one pair'

@@ -92,8 +92,8 @@ def test_holm_adjusts_a_family_as_computed_by_hand():
     assert stats.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
     assert stats.holm([0.2, 0.9]) == pytest.approx([0.4, 0.9])  # capped at 1 only above it
     assert stats.holm([0.6, 0.7]) == pytest.approx([1.0, 1.0])
-    adjusted = stats.holm([0.01, math.nan, 0.02])  # an untested comparison does not count in m
-    assert adjusted[0] == pytest.approx(0.02) and math.isnan(adjusted[1]) and adjusted[2] == pytest.approx(0.02)
+    adjusted = stats.holm([0.01, math.nan, 0.02])  # an untested comparison still counts in m: 3, then 2
+    assert adjusted[0] == pytest.approx(0.03) and math.isnan(adjusted[1]) and adjusted[2] == pytest.approx(0.04)
 
 
 def test_tost_and_the_two_sided_p_match_the_t_distribution_by_hand():
