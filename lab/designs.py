@@ -197,12 +197,14 @@ class DesignedGPT(LoopedGPT):
 
     def make_stack(self):
         c = self.config
-        blocks = nn.ModuleList([DesignBlock(c) for _ in range(c.n_layer)])  # the ONE stack, as in LoopedGPT
+        # the ONE stack, registered first: the parameters' order (the optimizer's state, gradient clipping's sum)
+        # is the one every committed run was trained in
+        self.blocks = nn.ModuleList([DesignBlock(c) for _ in range(c.n_layer)])
         # unshared layers around the loop (none by default): prelude once, coda at every readout
         self.prelude = nn.ModuleList([DesignBlock(c) for _ in range(c.n_prelude)])
         self.coda = nn.ModuleList([DesignBlock(c) for _ in range(c.n_coda)])
         self.adapter = nn.Linear(2 * c.n_embd, c.n_embd, bias=False) if c.injection == 'concat' else None
-        return blocks
+        return self.blocks
 
     def init_weights(self):
         # 'paper' (the authors'): LoopedGPT's, PyTorch's defaults. 'gpt2': GPT-2's N(0, 0.02), residual

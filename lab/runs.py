@@ -373,8 +373,7 @@ def restore(ckpt, model, optimizer, scaler, data, args, rank, device_type):
     """Load weights, optimizer, GradScaler and RNG states from a checkpoint. Returns (step, best val loss, last
     eval step). A scaler saved disabled (not float16) has no state: a float16 resume of it starts a fresh one."""
     # the optimizer's state is matched to the parameters by their order: one saved in another order would land
-    # on the wrong parameters (lab/designs.py's make_stack registers the prelude, coda and concat adapter before
-    # the stack; a checkpoint written before the designs moved there has them after it)
+    # on the wrong parameters, so a model whose parameters are registered in another order is refused
     if list(ckpt['model']) != list(model.state_dict()):
         raise ValueError("the checkpoint's parameters are in another order than this model's, so its optimizer "
                          "state cannot be restored; it was written by an older looped.py: start a new run")

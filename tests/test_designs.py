@@ -454,3 +454,16 @@ def test_inverse_k_residual_scale_divides_each_pass_update_by_k():
     h = torch.randn(2, 8, 16)
     with torch.no_grad():
         assert torch.allclose(next(scaled.loops(h, 1))[1], h + (plain.loop_pass(h, h, 1, 1) - h) / 3, atol=1e-6)
+
+
+def test_parameters_are_registered_in_the_order_the_committed_runs_trained_in():
+    """The optimizer's state is saved by position, and gradient clipping sums the parameters' norms in order: the
+    stack, then the prelude, the coda and the concat adapter, then the readout, then the designs made after the head."""
+    model = tiny(n_prelude=1, n_coda=1, injection='concat', recurrence='damped', supervision='gated',
+                 readout='alpha')
+    order = []
+    for name, _ in model.named_parameters():
+        if name.split('.')[0] not in order:
+            order.append(name.split('.')[0])
+    # the model's own parameter (damping) comes first, as named_parameters lists a module's own before its children's
+    assert order == ['damping', 'wte', 'wpe', 'blocks', 'prelude', 'coda', 'adapter', 'readout', 'exit_gate'], order
