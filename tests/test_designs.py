@@ -467,3 +467,14 @@ def test_parameters_are_registered_in_the_order_the_committed_runs_trained_in():
             order.append(name.split('.')[0])
     # the model's own parameter (damping) comes first, as named_parameters lists a module's own before its children's
     assert order == ['damping', 'wte', 'wpe', 'blocks', 'prelude', 'coda', 'adapter', 'readout', 'exit_gate'], order
+
+
+def test_a_checkpoint_whose_parameters_are_in_another_order_is_refused_on_resume():
+    """Its optimizer state, saved by position, would land on the wrong parameters: one line, not a silent resume."""
+    from collections import OrderedDict
+    from lab import runs
+    model = tiny(n_prelude=1)
+    state = model.state_dict()
+    shuffled = OrderedDict(reversed(list(state.items())))
+    with pytest.raises(ValueError, match='another order'):
+        runs.restore({'model': shuffled}, model, None, None, None, None, 0, 'cpu')
