@@ -244,6 +244,75 @@ def mechanism_table(cells):
     return markdown(header, rows)
 
 
+def check_line(key, results, unit='runs'):
+    """One prediction checked run by run (or seed by seed, or pair by pair): results [(which, value text, met)]
+    -> 'met in a of b runs', the misses named with their values."""
+    if not results:
+        return f"- {key}: no {unit} yet"
+    misses = [f"{run} ({value})" for run, value, met in results if not met]
+    return (f"- {key}: met in {len(results) - len(misses)} of {len(results)} {unit}"
+            + (f"; missed by {'; '.join(misses)}" if misses else ''))
+
+
+def each_run(cells, names):
+    """(name, seed, run) for every run of the named cells, in the grid's order."""
+    return [(n, s, cells[n][s]) for n in names if n in cells for s in sorted(cells[n])]
+
+
+def mechanism_checks(cells):
+    """The predictions about single runs (useful loops, turn, norm, the penalty's dose, raw's loops, the 2K
+    precision ordering), each checked in every run it speaks of: the readings behind the prose, not verdicts."""
+    K4 = [f"L{L}-lr{lr}-K4 + {ro}" for L, lr in FACTORIAL for ro in ('rmsnorm', 'raw')]
+    useful, turn, norm = [], [], []
+    for name, seed, run in each_run(cells, K4):
+        loss, rms = last(run)['val_loss'][:4], 'rmsnorm' in name
+        label = f"{name} seed {seed}"
+        if name.startswith('L4'):
+            n = sum(loss[k - 1] - loss[k] > MARGIN for k in range(1, 4))
+            useful.append((label, n, n <= 1 if rms else n >= 2))
+        later = last(run)['turn'][1:4]
+        worst = max(later) if rms else min(later)
+        turn.append((label, f"{worst:.1f} deg", worst < 5 if rms else worst > 5))
+        h = last(run)['hidden_norm'][3]
+        norm.append((label, f"{h:.1f}", h > 100 if rms else h < 30))
+    base, dose, raw = 'L4-lr1e-3-K4 + rmsnorm', ('0.001', '0.01', '0.1'), 'L4-lr1e-3-K4 + raw'
+    pen_norm, pen_loss = [], []
+    for seed in sorted(set.intersection(*(set(cells.get(n, {})) for n in
+                                          [base, raw] + [f"{base} + pen{lam}" for lam in dose]))):
+        runs = [cells[base][seed]] + [cells[f"{base} + pen{lam}"][seed] for lam in dose]
+        h = [last(r)['hidden_norm'][3] for r in runs]
+        pen_norm.append((f"seed {seed}", ' > '.join(f"{v:.1f}" for v in h),
+                         all(a > b for a, b in zip(h, h[1:])) and h[1] > 100 and h[3] < 60))
+        L = [loss_at(r, 4) for r in runs]
+        closed = (L[0] - L[3]) / (L[0] - loss_at(cells[raw][seed], 4))
+        pen_loss.append((f"seed {seed}", ' > '.join(f"{v:.3f}" for v in L) + f", {closed:.0%} of the gap",
+                         all(a > b for a, b in zip(L, L[1:])) and closed >= 0.5))
+    seeds, d = paired(cells, raw, 'L4-lr1e-3-K1 + raw', lambda r: loss_at(r, 4), lambda r: loss_at(r, 1))
+    loops = [(f"seed {s}", f"{v:+.3f}", v < -0.1) for s, v in zip(seeds, d)]
+    shift = {}
+    for name, seed, run in each_run(cells, K4):
+        path = os.path.join(run['folder'], 'precision.json')
+        if os.path.exists(path):
+            with open(path) as f:
+                rec = json.load(f)
+            shift[name, seed] = [abs(rec[m][1] - rec['float32'][1]) for m in ('bf16_state', 'bf16_autocast')]
+    order = [(f"{rms} seed {s}", ', '.join(f"{a:.4f} vs {b:.4f}" for a, b in zip(shift[rms, s], shift[ra, s])),
+              all(a > b for a, b in zip(shift[rms, s], shift[ra, s])))
+             for rms, ra in zip(K4[::2], K4[1::2]) for s in sorted(cells.get(rms, {}))
+             if (rms, s) in shift and (ra, s) in shift]
+    return '\n'.join([
+        check_line('useful loops (rmsnorm <= 1, raw >= 2; 4-layer cells)', useful),
+        check_line('turn (the extreme turn at loops 2..K: rmsnorm largest < 5, raw smallest > 5)', turn),
+        check_line('norm (||h_K||: rmsnorm > 100, raw < 30)', norm),
+        check_line('penalty norm (||h_K|| at lambda 0, 0.001, 0.01, 0.1 falls; > 100 at 0.001, < 60 at 0.1)',
+                   pen_norm, 'seeds'),
+        check_line('penalty loss (the loss at K falls with lambda; 0.1 closes >= 50% of the gap to raw)',
+                   pen_loss, 'seeds'),
+        check_line('one loop raw (raw K = 4 - K = 1 below -0.1)', loops, 'seeds'),
+        check_line('precision at 2K (rmsnorm moves more than raw: |bf16_state shift|, |bf16_autocast shift|, '
+                   'rmsnorm vs raw)', order, 'pairs')])
+
+
 def precision_rows(runs):
     """bf16 - float32 over the factorial's K = 4 checkpoints, per readout, bf16 mode and depth (K, 2K)."""
     records = {}
@@ -283,6 +352,7 @@ def tables(runs):
     for title, rows, what in sections:
         parts.append(f"## {title}\n\n{family_table(rows, what)}")
     parts.append("## The mechanism: each loop's gain and turn\n\n" + mechanism_table(cells))
+    parts.append("## The predictions about single runs, checked in each\n\n" + mechanism_checks(cells))
     if notes:
         parts.append('Left out: ' + '; '.join(notes))
     return '\n\n'.join(parts) + '\n'

@@ -611,6 +611,17 @@ MUTATIONS = [
      '    return turns', ['tests/test_cost.py::test_the_logged_turn_is_the_angle_between_consecutive_states_by_hand']),
     ('precision read at the wrong depth', 'lab/diagnose.py', 'if k in (K, 2 * K):', 'if k in (K - 1, 2 * K):',
      ['tests/test_cost.py::test_precision_in_float32_is_the_models_own_loss_at_k_and_2k']),
+    ('the penalty gap closed measured against the wrong end', 'lab/cost.py',
+     '        closed = (L[0] - L[3]) / (L[0] - loss_at(cells[raw][seed], 4))',
+     '        closed = (L[0] - L[3]) / (L[3] - loss_at(cells[raw][seed], 4))',
+     ['tests/test_cost.py::test_the_single_run_predictions_are_counted_run_by_run_with_their_misses_named']),
+    ('a useful loop counted at the first exit', 'lab/cost.py',
+     '            n = sum(loss[k - 1] - loss[k] > MARGIN for k in range(1, 4))',
+     '            n = sum(loss[k - 1] - loss[k] >= 0 for k in range(1, 4))',
+     ['tests/test_cost.py::test_the_single_run_predictions_are_counted_run_by_run_with_their_misses_named']),
+    ('the raw turn checked at its largest', 'lab/cost.py',
+     '        worst = max(later) if rms else min(later)', '        worst = max(later)',
+     ['tests/test_cost.py::test_the_single_run_predictions_are_counted_run_by_run_with_their_misses_named']),
 ]
 
 

@@ -155,3 +155,38 @@ def test_holm_counts_every_declared_comparison_even_one_not_yet_measured():
     cost.family_table([measured, waiting], 'x')
     assert measured['p_holm'] == pytest.approx(min(1.0, 2 * alone['p_holm']))
     assert waiting['verdict'] == 'no verdict: one pair'
+
+
+def test_the_single_run_predictions_are_counted_run_by_run_with_their_misses_named(tmp_path):
+    """Hand-built runs whose every check is known: raw seed 2 misses the turn (4.0 degrees at loop 2) and the
+    norm (40); seed 1's dose falls at every step and closes (2.20 - 2.05) / (2.20 - 2.00) = 75% of the gap,
+    seed 2's closes (2.20 - 2.15) / (2.20 - 2.00) = 25%."""
+    c = 'L4-lr1e-3-K4 + '
+    runs = [fake_run(tmp_path, c + 'rmsnorm', 1, [2.2] * 8, norm=500.0, turn=1.5),
+            fake_run(tmp_path, c + 'raw', 1, [2.3, 2.2, 2.1, 2.0] + [2.0] * 4, norm=10.0, turn=8.0),
+            fake_run(tmp_path, c + 'raw', 2, [2.3, 2.29, 2.1, 2.0] + [2.0] * 4, norm=40.0),
+            fake_run(tmp_path, c + 'rmsnorm', 2, [2.2] * 8, norm=500.0, turn=1.5),
+            fake_run(tmp_path, 'L4-lr1e-3-K1 + raw', 1, [2.15, 2.2])]
+    runs[2]['records'][-1]['turn'] = [85.0, 4.0, 9.0, 9.0] + [9.0] * 4  # its smallest later turn: 4.0
+    for seed, doses in ((1, ((150.0, 2.15), (50.0, 2.10), (10.0, 2.05))),
+                        (2, ((150.0, 2.18), (50.0, 2.16), (10.0, 2.15)))):
+        for lam, (norm, loss) in zip(('0.001', '0.01', '0.1'), doses):
+            runs.append(fake_run(tmp_path, f"{c}rmsnorm + pen{lam}", seed, [loss] * 8, norm=norm))
+    precision = {'rmsnorm': {'float32': [2.2, 2.5], 'bf16_state': [2.2, 2.51], 'bf16_autocast': [2.2, 2.49]},
+                 'raw': {'float32': [2.0, 2.3], 'bf16_state': [2.0, 2.305], 'bf16_autocast': [2.0, 2.3]}}
+    for run in runs[:2]:
+        with open(os.path.join(run['folder'], 'precision.json'), 'w') as f:
+            json.dump(precision[run['config']['model']['readout']], f)
+    cells, _ = cost.by_cell(runs)
+    lines = cost.mechanism_checks(cells).splitlines()
+    assert lines[0].endswith('met in 4 of 4 runs')  # useful loops: rmsnorm 0 and 0, raw 3 and 2
+    assert lines[1].endswith('met in 3 of 4 runs; missed by L4-lr1e-3-K4 + raw seed 2 (4.0 deg)')
+    assert lines[2].endswith('met in 3 of 4 runs; missed by L4-lr1e-3-K4 + raw seed 2 (40.0)')
+    assert lines[3].endswith('met in 2 of 2 seeds')
+    assert lines[4].endswith('met in 1 of 2 seeds; missed by seed 2 (2.200 > 2.180 > 2.160 > 2.150, 25% of the gap)')
+    assert lines[5].endswith('met in 1 of 1 seeds')  # 2.00 - 2.15 = -0.15
+    assert lines[6].endswith('met in 1 of 1 pairs')  # 0.01 and 0.01 against 0.005 and 0
+    runs[5]['records'][-1]['hidden_norm'] = [80.0] * 8  # lambda 0.001 at 80: under 100, and under 0.01's
+    runs[6]['records'][-1]['hidden_norm'] = [90.0] * 8  # 90, so the dose no longer falls at every step
+    lines = cost.mechanism_checks(cost.by_cell(runs)[0]).splitlines()
+    assert lines[3].endswith('missed by seed 1 (500.0 > 80.0 > 90.0 > 10.0)')
