@@ -24,8 +24,8 @@ import os
 import numpy as np
 
 from lab.grid import COST, COST_SEEDS, LogError, load_runs, run_grid
-from lab.report import (at_least, check_destination, fail, markdown, run_main, runs_flags, split_flags, tool_parser,
-                        write_text)
+from lab.report import (at_least, check_destination, fail, markdown, pyplot, run_main, runs_flags, save_figure,
+                        split_flags, tool_parser, write_text)
 from lab.stats import family_verdicts, fmt_number, paired_test
 
 PROG = 'python -m lab.cost'
@@ -358,6 +358,46 @@ def tables(runs):
     return '\n\n'.join(parts) + '\n'
 
 
+def figure(runs, path):
+    """fig_cost.png (and .svg): left, the cost (rmsnorm - raw at depth K) of each factorial cell, seed by seed,
+    its mean and 95% t interval, the margin as a band; right, the loss at exit depths 1..K of each factorial
+    cell (mean over seeds; rmsnorm solid, raw dashed) and the one-loop models' loss: the mechanism in a glance."""
+    plt = pyplot()
+    cells, _ = by_cell(runs)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6))
+    colors = plt.rcParams['axes.prop_cycle'].by_key()['color']
+    left.axhspan(-MARGIN, MARGIN, color='grey', alpha=0.2, label=f'the margin, +-{MARGIN:g}')
+    left.axhline(0, color='grey', lw=0.8)
+    for i, ((L, lr), row) in enumerate(zip(FACTORIAL, cost_rows(cells))):
+        _, diffs = paired(cells, f"L{L}-lr{lr}-K4 + rmsnorm", f"L{L}-lr{lr}-K4 + raw", lambda r: loss_at(r, 4))
+        left.plot([i] * len(diffs), diffs, 'o', color=colors[i], alpha=0.5, ms=5)
+        if row['n'] > 1:
+            left.errorbar(i + 0.15, row['mean'], yerr=[[row['mean'] - row['lo']], [row['hi'] - row['mean']]],
+                          fmt='s', color=colors[i], capsize=4)
+    left.set_xticks(range(len(FACTORIAL)), [f"{L} layers\nlr {lr}" for L, lr in FACTORIAL])
+    left.set_ylabel('rmsnorm - raw at depth K (nats)')
+    left.set_title('The cost: seeds (dots), mean and 95% t interval (not Holm-adjusted)', fontsize=10)
+    left.legend(fontsize=8)
+    for i, (L, lr) in enumerate(FACTORIAL):
+        for readout, style in (('rmsnorm', '-'), ('raw', '--')):
+            name = f"L{L}-lr{lr}-K4 + {readout}"
+            if name in cells:
+                loss = np.mean([last(r)['val_loss'][:4] for r in cells[name].values()], axis=0)
+                right.plot(range(1, 5), loss, style, marker='o', ms=3, color=colors[i],
+                           label=f"{L} layers, lr {lr}, {readout} ({len(cells[name])} seeds)")
+    for readout, marker in (('rmsnorm', '*'), ('raw', 'x')):
+        name = f"L4-lr1e-3-K1 + {readout}"
+        if name in cells:
+            right.plot([1], [np.mean([loss_at(r, 1) for r in cells[name].values()])], marker, ms=10,
+                       color=colors[3], label=f"4 layers, lr 1e-3, K = 1, {readout}")
+    right.set(xlabel='exit depth (loops)', ylabel='validation loss (nats)', xticks=range(1, 5))
+    right.set_title('Loss at each exit, mean over seeds: rmsnorm solid, raw dashed', fontsize=10)
+    right.legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.01, 1))
+    for ax in (left, right):
+        ax.grid(True, alpha=0.3)
+    return save_figure(fig, path)
+
+
 def get_parser():
     p = tool_parser(PROG, __doc__)
     runs_flags(p, 'the cost grid', 'laptop', os.path.join('out', 'cost'), '--device=cpu')
@@ -389,7 +429,8 @@ def main(argv=None):
         fail(PROG, e)
     text = tables(runs)
     write_text(os.path.join(args.fig_dir, 'table.md'), text)
-    print(text + f"wrote {os.path.join(args.fig_dir, 'table.md')}")
+    figure(runs, os.path.join(args.fig_dir, 'fig_cost.png'))
+    print(text + f"wrote {os.path.join(args.fig_dir, 'table.md')} and fig_cost.png")
 
 
 if __name__ == '__main__':

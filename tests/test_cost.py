@@ -65,6 +65,8 @@ def test_the_cost_its_interactions_and_the_useful_loops_match_a_hand_computation
     assert '+0.100 +0.100 +0.100' in raw_row and raw_row.rstrip(' |').endswith('3.0 ± 0.0')
     rms_row = next(line for line in text.splitlines() if line.startswith('| L2-lr3e-3-K4 + rmsnorm |'))
     assert '500.0 ± 0.0' in rms_row and '1.5 1.5 1.5 1.5' in rms_row
+    path = cost.figure(runs, str(tmp_path / 'fig_cost.png'))
+    assert os.path.getsize(path) > 10_000 and os.path.exists(str(tmp_path / 'fig_cost.svg'))
 
 
 def test_a_run_short_of_the_last_step_is_left_out_with_a_note(tmp_path):
