@@ -2,7 +2,7 @@
 Where the blind spot costs: the cost grid (lab/grid.py COST), its predictions, its margin and its families.
 
     python -m lab.cost --run                          # train the grid (43 runs, about 5 hours on 2 cores)
-    python -m lab.cost 'out/cost/laptop/*'    # the tables, from the runs' logs
+    python -m lab.cost 'out/cost/laptop/*'            # the tables and fig_cost.png, from the runs' logs
 
 The grid: under the paper's init, K = 4, 1,000 steps evaluated every 100, paired by seed, a factorial of the
 stack (2 or 4 layers x 128 wide), the learning rate (3e-3 or 1e-3) and the readout (rmsnorm or raw), 3 seeds a
@@ -407,7 +407,8 @@ def get_parser():
                    help="--run: where the finished runs' logs are committed; a run finished there is not trained "
                         'again')
     p.add_argument('--fig_dir', default=os.path.join('out', 'cost_figures'),
-                   help='where table.md goes (a committed table changes only when its folder is named here)')
+                   help='where table.md and fig_cost.png go (a committed table changes only when its folder is '
+                        'named here)')
     return p
 
 
