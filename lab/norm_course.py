@@ -33,7 +33,7 @@ import numpy as np
 from lab.grid import LogError, load_runs, run_grid
 from lab.report import (at_least, check_destination, markdown, pyplot, run_main, runs_flags, save_figure, split_flags,
                         tool_parser, write_csv, write_text)
-from lab.stats import t_quantile
+from lab.stats import family_verdicts, paired_test, t_quantile
 
 PROG = 'python -m lab.norm_course'
 
@@ -147,18 +147,24 @@ def table(rows, after):
     spread = seed_spread(rows, after)
     if spread:
         text += ("\nAcross seeds: the power b of each run with more than one seed, each seed fitted over the steps "
-                 f"they all reached (from step {after} to the shortest seed's last evaluation).\n\n" + markdown(
-                     ['run', 'seeds', 'mean b', 'lowest', 'highest', 'fitted steps'],
-                     [[lab, str(n), f"{m:+.3f}", f"{lo:+.3f}", f"{hi:+.3f}", rng] for lab, n, m, lo, hi, rng in spread])
+                 f"they all reached (from step {after} to the shortest seed's last evaluation); a t over the "
+                 "seeds' powers (SD: the sample SD, ddof 1), Holm-adjusted over the runs of this table; 'higher' "
+                 "than 0: the norm grows.\n\n" + markdown(
+                     ['run', 'seeds', 'mean b', 'lowest', 'highest', 'SD (ddof 1)', '95% t interval', 'p (Holm)',
+                      'b against 0', 'fitted steps'],
+                     [[lab, str(n), f"{m:+.3f}", f"{lo:+.3f}", f"{hi:+.3f}", f"{t['sd']:.3f}",
+                       f"[{t['lo']:+.3f}, {t['hi']:+.3f}]", f"{t['p_holm']:.4f}", t['verdict'], rng]
+                      for lab, n, m, lo, hi, rng, t in spread])
                  + '\n')
     return text, out
 
 
 def seed_spread(rows, after):
     """Table 2 of course.md: the power across the seeds of each run that has more than one, as (label, seeds,
-    mean b, lowest b, highest b, the fits' step ranges). Each seed is refitted over the steps its run's seeds all
-    reached (after to the shortest seed's last evaluation): a seed trained twice as long bends further, and that
-    is not a spread across seeds."""
+    mean b, lowest b, highest b, the fits' step ranges, the test of b against 0). Each seed is refitted over the
+    steps its run's seeds all reached (after to the shortest seed's last evaluation): a seed trained twice as long
+    bends further, and that is not a spread across seeds. The test: a t over the seeds' powers (sample SD, 95% t
+    interval), Holm-adjusted over the runs of this table; 'higher' means the norm grows."""
     groups = {}
     for r in rows:
         groups.setdefault(r['run'].rsplit('-seed', 1)[0], []).append(r)
@@ -169,7 +175,8 @@ def seed_spread(rows, after):
         if len(fits) > 1:
             b = np.array([f['b'] for f in fits])
             ranges = sorted({f"{f['first']}-{f['last']}" for f in fits})
-            out.append((label, len(fits), b.mean(), b.min(), b.max(), ', '.join(ranges)))
+            out.append((label, len(fits), b.mean(), b.min(), b.max(), ', '.join(ranges), paired_test(b, 0.0)))
+    family_verdicts([row[-1] for row in out], 0.0)  # no margin: a power is never called equivalent to 0
     return out
 
 

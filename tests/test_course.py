@@ -80,11 +80,14 @@ def test_the_power_across_seeds_by_hand():
     runs.append(fake_run('lone', [s ** 0.1 for s in steps], steps))
     spread = norm_course.seed_spread(norm_course.rows_of(runs, after=1000), after=1000)
     assert len(spread) == 1
-    label, n, mean, lo, hi, ranges = spread[0]
+    label, n, mean, lo, hi, ranges, test = spread[0]
     assert (label, n, ranges) == ('a', 3, '1000-4000')
     assert (mean, lo, hi) == pytest.approx((0.3, 0.2, 0.4))
+    # by hand: SD 0.1, se 0.1 / sqrt(3), t = 5.196 on 2 df: two-sided p 0.0351; t quantile 4.303: +-0.248
+    assert test['sd'] == pytest.approx(0.1) and test['p_holm'] == pytest.approx(0.0351, abs=1e-4)
+    assert (test['lo'], test['hi']) == pytest.approx((0.0516, 0.5484), abs=1e-4) and test['verdict'] == 'higher'
     text, _ = norm_course.table(norm_course.rows_of(runs, after=1000), 1000)
-    assert '| a | 3 | +0.300 | +0.200 | +0.400 | 1000-4000 |' in text
+    assert '| a | 3 | +0.300 | +0.200 | +0.400 | 0.100 | [+0.052, +0.548] | 0.0351 | higher | 1000-4000 |' in text
 
 
 def test_the_power_across_seeds_is_fitted_over_the_steps_every_seed_reached():
@@ -96,7 +99,7 @@ def test_the_power_across_seeds_is_fitted_over_the_steps_every_seed_reached():
     runs += [fake_run('a', [s ** b for s in steps], steps, seed=seed) for seed, b in ((2, 0.4), (3, 0.3))]
     rows = norm_course.rows_of(runs, after=1000)
     assert rows[0]['fit']['b'] < 0.1  # its own fit over 1,000-16,000
-    (label, n, mean, lo, hi, ranges), = norm_course.seed_spread(rows, after=1000)
+    (label, n, mean, lo, hi, ranges, _), = norm_course.seed_spread(rows, after=1000)
     assert (label, n, ranges) == ('a', 3, '1000-4000')
     assert (mean, lo, hi) == pytest.approx((0.3, 0.2, 0.4))
 
