@@ -4,6 +4,7 @@ writes from the run logs committed beside it, byte for byte, or one whose missin
 
 import glob
 import os
+import re
 import shlex
 
 import pytest
@@ -105,3 +106,35 @@ def test_every_committed_log_reads_back_with_every_flag_train_py_has_today():
     for log in sorted(glob.glob(os.path.join(ROOT, 'figures', '**', 'log.jsonl'), recursive=True)):
         missing = flags - set(load_run(os.path.dirname(log))['config'])
         assert not missing, f"{os.path.relpath(log, ROOT)} reads back without {sorted(missing)}: add them to NEWER_FLAGS"
+
+
+def close(text, x):
+    """Is the table's number x the page's number text ('0.569', '-0.075') at the page's precision, sign aside?
+    A table's +0.5685 is quoted as 0.569; a page may state raw - rmsnorm where a table has rmsnorm - raw."""
+    decimals = len(text.split('.')[1])
+    return abs(abs(x) - abs(float(text))) <= 0.5 * 10 ** -decimals + 1e-9
+
+
+def intervals(path, line):
+    """The (lo, hi) pairs a table's line holds: '[lo, hi]' in a markdown table, and in a CSV every two adjacent
+    numeric fields (its lo and hi columns stand side by side)."""
+    pairs = [(float(a), float(b)) for a, b in re.findall(r'\[([+-]?\d+\.\d+), ([+-]?\d+\.\d+)\]', line)]
+    if path.endswith('.csv'):
+        fields = line.strip().split(',')
+        number = lambda f: re.fullmatch(r'[+-]?\d+\.\d+(e[+-]?\d+)?', f)
+        pairs += [(float(a), float(b)) for a, b in zip(fields, fields[1:]) if number(a) and number(b)]
+    return pairs
+
+
+@pytest.mark.parametrize('page', ['README.md', 'docs/results.md'])
+def test_every_interval_a_page_quotes_is_an_interval_of_a_committed_table(page):
+    """A 95% interval on the front page or the results page is copied from a table, never worked out by hand: it
+    must be one of the intervals of a table committed under figures/ (with its ends swapped where its sign is)."""
+    held = [pair for path in glob.glob(os.path.join(ROOT, 'figures', '**', '*.*'), recursive=True)
+            if path.endswith(('.md', '.csv')) for line in open(path, encoding='utf-8')
+            for pair in intervals(path, line)]
+    text = open(os.path.join(ROOT, page), encoding='utf-8').read()
+    missing = [m.group(0) for m in re.finditer(r'\[([+-]?\d+\.\d+), ([+-]?\d+\.\d+)\]', text)
+               if not any((close(m.group(1), x) and close(m.group(2), y)) or (close(m.group(1), y) and
+                                                                          close(m.group(2), x)) for x, y in held)]
+    assert not missing, f"{page} quotes intervals no committed table holds: {missing}"
