@@ -259,6 +259,42 @@ def each_run(cells, names):
     return [(n, s, cells[n][s]) for n in names if n in cells for s in sorted(cells[n])]
 
 
+def penalty_and_loop_checks(cells):
+    """Per seed of the 4-layer 1e-3 cell: the penalty's dose (||h_K|| and the loss at K at lambda 0, 0.001,
+    0.01, 0.1, and the share of the gap to raw closed at 0.1), and raw's K = 4 - K = 1."""
+    base, dose, raw = 'L4-lr1e-3-K4 + rmsnorm', ('0.001', '0.01', '0.1'), 'L4-lr1e-3-K4 + raw'
+    pen_norm, pen_loss = [], []
+    for seed in sorted(set.intersection(*(set(cells.get(n, {})) for n in
+                                          [base, raw] + [f"{base} + pen{lam}" for lam in dose]))):
+        runs = [cells[base][seed]] + [cells[f"{base} + pen{lam}"][seed] for lam in dose]
+        h = [last(r)['hidden_norm'][3] for r in runs]
+        pen_norm.append((f"seed {seed}", ' > '.join(f"{v:.1f}" for v in h),
+                         all(a > b for a, b in zip(h, h[1:])) and h[1] > 100 and h[3] < 60))
+        L = [loss_at(r, 4) for r in runs]
+        closed = (L[0] - L[3]) / (L[0] - loss_at(cells[raw][seed], 4))
+        pen_loss.append((f"seed {seed}", ' > '.join(f"{v:.3f}" for v in L) + f", {closed:.0%} of the gap",
+                         all(a > b for a, b in zip(L, L[1:])) and closed >= 0.5))
+    seeds, d = paired(cells, raw, 'L4-lr1e-3-K1 + raw', lambda r: loss_at(r, 4), lambda r: loss_at(r, 1))
+    loops = [(f"seed {s}", f"{v:+.3f}", v < -0.1) for s, v in zip(seeds, d)]
+    return pen_norm, pen_loss, loops
+
+
+def precision_order(cells, K4):
+    """Per seed of each factorial cell with both readouts measured: does rmsnorm's loss at 2K move more than
+    raw's under a bf16 state and under bf16 autocast?"""
+    shift = {}
+    for name, seed, run in each_run(cells, K4):
+        path = os.path.join(run['folder'], 'precision.json')
+        if os.path.exists(path):
+            with open(path) as f:
+                rec = json.load(f)
+            shift[name, seed] = [abs(rec[m][1] - rec['float32'][1]) for m in ('bf16_state', 'bf16_autocast')]
+    return [(f"{rms} seed {s}", ', '.join(f"{a:.4f} vs {b:.4f}" for a, b in zip(shift[rms, s], shift[ra, s])),
+             all(a > b for a, b in zip(shift[rms, s], shift[ra, s])))
+            for rms, ra in zip(K4[::2], K4[1::2]) for s in sorted(cells.get(rms, {}))
+            if (rms, s) in shift and (ra, s) in shift]
+
+
 def mechanism_checks(cells):
     """The predictions about single runs (useful loops, turn, norm, the penalty's dose, raw's loops, the 2K
     precision ordering), each checked in every run it speaks of: the readings behind the prose, not verdicts."""
@@ -275,31 +311,8 @@ def mechanism_checks(cells):
         turn.append((label, f"{worst:.1f} deg", worst < 5 if rms else worst > 5))
         h = last(run)['hidden_norm'][3]
         norm.append((label, f"{h:.1f}", h > 100 if rms else h < 30))
-    base, dose, raw = 'L4-lr1e-3-K4 + rmsnorm', ('0.001', '0.01', '0.1'), 'L4-lr1e-3-K4 + raw'
-    pen_norm, pen_loss = [], []
-    for seed in sorted(set.intersection(*(set(cells.get(n, {})) for n in
-                                          [base, raw] + [f"{base} + pen{lam}" for lam in dose]))):
-        runs = [cells[base][seed]] + [cells[f"{base} + pen{lam}"][seed] for lam in dose]
-        h = [last(r)['hidden_norm'][3] for r in runs]
-        pen_norm.append((f"seed {seed}", ' > '.join(f"{v:.1f}" for v in h),
-                         all(a > b for a, b in zip(h, h[1:])) and h[1] > 100 and h[3] < 60))
-        L = [loss_at(r, 4) for r in runs]
-        closed = (L[0] - L[3]) / (L[0] - loss_at(cells[raw][seed], 4))
-        pen_loss.append((f"seed {seed}", ' > '.join(f"{v:.3f}" for v in L) + f", {closed:.0%} of the gap",
-                         all(a > b for a, b in zip(L, L[1:])) and closed >= 0.5))
-    seeds, d = paired(cells, raw, 'L4-lr1e-3-K1 + raw', lambda r: loss_at(r, 4), lambda r: loss_at(r, 1))
-    loops = [(f"seed {s}", f"{v:+.3f}", v < -0.1) for s, v in zip(seeds, d)]
-    shift = {}
-    for name, seed, run in each_run(cells, K4):
-        path = os.path.join(run['folder'], 'precision.json')
-        if os.path.exists(path):
-            with open(path) as f:
-                rec = json.load(f)
-            shift[name, seed] = [abs(rec[m][1] - rec['float32'][1]) for m in ('bf16_state', 'bf16_autocast')]
-    order = [(f"{rms} seed {s}", ', '.join(f"{a:.4f} vs {b:.4f}" for a, b in zip(shift[rms, s], shift[ra, s])),
-              all(a > b for a, b in zip(shift[rms, s], shift[ra, s])))
-             for rms, ra in zip(K4[::2], K4[1::2]) for s in sorted(cells.get(rms, {}))
-             if (rms, s) in shift and (ra, s) in shift]
+    pen_norm, pen_loss, loops = penalty_and_loop_checks(cells)
+    order = precision_order(cells, K4)
     return '\n'.join([
         check_line('useful loops (rmsnorm <= 1, raw >= 2; 4-layer cells)', useful),
         check_line('turn (the extreme turn at loops 2..K: rmsnorm largest < 5, raw smallest > 5)', turn),
