@@ -309,17 +309,21 @@ def finished(folder, cmd):
 
 
 def run_grid(config, seeds, out_root, extra, names=None, grid=None, prog='plot_norms.py', max_seed=None,
-             after=None, finished_in=None):
+             after=None, finished_in=None, jobs=None, part=(1, 1)):
     """Train every condition of the grid (or those named) for every seed, one after another; reuse finished runs,
     resume interrupted ones. Seed by seed: whatever is finished when the grid is stopped is a complete set of pairs.
     prog: the command that runs it, for its one-line messages; max_seed: {condition: its last seed} where a
     condition has fewer seeds than the others; after(folder): called on every finished run, reused or new;
     finished_in: a folder of committed run logs (its run folders named as the grid's): a run whose log there is
-    finished is reused from there, so a grid resumes in a fresh clone from what it committed."""
+    finished is reused from there, so a grid resumes in a fresh clone from what it committed. jobs: the
+    [(condition, seed)] to train, in this order (default: seed by seed, every condition); part (i, n): this
+    worker trains jobs i, i + n, i + 2n, ... only, so n workers share a grid without meeting."""
     folders, t0, trained, train_s = [], time.time(), 0, 0.0
     conditions = grid_of(config, grid)
-    jobs = [(name, conditions[name], seed) for seed in seeds for name in names or conditions
-            if max_seed is None or seed <= max_seed.get(name, seed)]
+    if jobs is None:
+        jobs = [(name, seed) for seed in seeds for name in names or conditions
+                if max_seed is None or seed <= max_seed.get(name, seed)]
+    jobs = [(name, conditions[name], seed) for name, seed in jobs][part[0] - 1::part[1]]
     for i, (name, flags, seed) in enumerate(jobs):
         folder = os.path.join(out_root, config, slug(name) + f"-seed{seed}")
         folders.append(folder)
