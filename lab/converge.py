@@ -24,10 +24,17 @@ every loop, and the training loss at depth K (on fixed training windows). The pr
 committed before any of these runs; the tables set each beside its measurement.
 """
 
+import glob
+import math
 import os
 
-from lab.grid import COST_FLAGS, LogError, load_runs, run_grid
-from lab.report import check_destination, fail, run_main, runs_flags, split_flags, tool_parser
+import numpy as np
+
+from lab.cost import check_line, comparison_row, family_table, mean_sd, paired
+from lab.grid import COST_FLAGS, ROOT, LogError, load_runs, run_grid
+from lab.report import (check_destination, fail, markdown, pyplot, run_main, runs_flags, save_figure,
+                        split_flags, tool_parser, write_text)
+from lab.stats import fmt_number, paired_test
 
 PROG = 'python -m lab.converge'
 
@@ -153,6 +160,332 @@ PREDICTIONS = {
 }
 
 
+# ---- reading the runs back: cells, pairs, families
+
+def rate(run):
+    """A run's learning rate as the grid writes it: 0.001 -> '1e-3'."""
+    return f"{run['config']['learning_rate']:.0e}".replace('e-0', 'e-')
+
+
+def cell_of(run):
+    """The cell a run belongs to, from its log's config: 'L4-cos-lr1e-3-K4 + rmsnorm' for the convergence
+    recipe; the cost grid's names otherwise ('L4-lr1e-3-K4 + raw + pen0.1', '... + rmsnorm + normed')."""
+    c, m = run['config'], run['config']['model']
+    if c.get('decay_lr'):
+        return cell(rate(run), m['readout'], m['n_loop'])
+    name = f"L{m['n_layer']}-lr{rate(run)}-K{m['n_loop']} + {m['readout']}"
+    name += f" + pen{m['norm_penalty']:g}" if m['norm_penalty'] else ''
+    return name + (f" + {m['recurrence']}" if m['recurrence'] != 'residual' else '')
+
+
+def last(run):
+    return run['records'][-1]
+
+
+def by_cell(runs):
+    """{cell: {seed: run}} of the runs that reached their last step; the others are named in a note."""
+    cells, notes = {}, []
+    for run in runs:
+        if last(run)['step'] < run['config']['max_iters']:
+            notes.append(f"{os.path.basename(os.path.normpath(run['folder']))} at step {last(run)['step']} of "
+                         f"{run['config']['max_iters']}")
+            continue
+        cells.setdefault(cell_of(run), {})[run['config']['seed']] = run
+    return cells, notes
+
+
+def at_k(run):
+    """The validation loss at depth K (the trained depth) at the last evaluation."""
+    return last(run)['val_loss'][run['K'] - 1]
+
+
+def verdict_rows(rows):
+    """Holm within the family (family_table runs it): the rows, for the checks that read their verdicts."""
+    family_table(rows, '')
+    return rows
+
+
+def converged_rows(cells):
+    rows = []
+    for lr in CHECKED:
+        seeds, d = paired(cells, cell(lr, 'rmsnorm'), cell(lr, 'raw'), at_k)
+        rows.append(comparison_row(f"lr {lr}: rmsnorm - raw at depth 4, step {STEPS:,}", seeds, d,
+                                   PREDICTIONS[f'converged cost lr {lr}']))
+    return rows
+
+
+def sweep(cells):
+    """{readout: {rate: [loss at K of each finished seed]}} over the K = 4 convergence cells."""
+    return {ro: {lr: [at_k(r) for _, r in sorted(cells.get(cell(lr, ro), {}).items())] for lr in RATES}
+            for ro in READOUTS}
+
+
+def best_from_cells(cells):
+    """best_rates of the finished runs, or None while any seed-1 sweep run is missing."""
+    return best_rates([r for runs in cells.values() for r in runs.values()])
+
+
+def best_rows(cells):
+    """rmsnorm at its best rate - raw at its best, and K = 4 - K = 1 per readout at its best rate."""
+    best = best_from_cells(cells)
+    if best is None:
+        return [comparison_row(label, [], [], PREDICTIONS[key]) for label, key in (
+            ('rmsnorm at its best rate - raw at its best (no best rates yet)', 'best against best'),
+            ('raw: K = 4 - K = 1 at its best rate (no best rate yet)', 'one loop raw at best'),
+            ('rmsnorm: K = 4 - K = 1 at its best rate (no best rate yet)', 'one loop rmsnorm at best'))]
+    rms, raw = best['rmsnorm'], best['raw']
+    rows = [comparison_row(f"rmsnorm at lr {rms} - raw at lr {raw}, depth 4", *paired(
+        cells, cell(rms, 'rmsnorm'), cell(raw, 'raw'), at_k), PREDICTIONS['best against best'])]
+    for ro in ('raw', 'rmsnorm'):
+        rows.append(comparison_row(f"{ro} at lr {best[ro]}: K = 4 at depth 4 - K = 1", *paired(
+            cells, cell(best[ro], ro), cell(best[ro], ro, 1), at_k), PREDICTIONS[f'one loop {ro} at best']))
+    return rows
+
+
+def control_rows(cells):
+    base = 'L4-lr1e-3-K4 + '
+    pairs = [('raw + pen0.1', 'raw', 'control raw + penalty 0.1'),
+             ('rmsnorm + normed', 'rmsnorm', 'control rmsnorm + normed'),
+             ('rmsnorm + normed', 'raw', 'control normed against raw')]
+    return [comparison_row(f"{a} - {b} at depth 4, step 1,000", *paired(cells, base + a, base + b, at_k),
+                           PREDICTIONS[key]) for a, b, key in pairs]
+
+
+# ---- the cost's course over training, and the two accounts of it
+
+def course(cells, lr):
+    """[(step, seed-by-seed cost at depth K, seed-by-seed training-loss gap at depth K)] of the rmsnorm and raw
+    runs of one convergence cell, at every evaluation both runs of a seed have."""
+    a, b = cells.get(cell(lr, 'rmsnorm'), {}), cells.get(cell(lr, 'raw'), {})
+    seeds = sorted(set(a) & set(b))
+    if not seeds:
+        return []
+    out = []
+    for i, rec in enumerate(a[seeds[0]]['records']):
+        pairs = [(a[s]['records'][i], b[s]['records'][i]) for s in seeds]
+        out.append((rec['step'], [x['val_loss'][3] - y['val_loss'][3] for x, y in pairs],
+                    [x['train_loss'] - y['train_loss'] for x, y in pairs]))
+    return out
+
+
+COURSE_STEPS = (100, 200, 300, 400, 500, 700, 1000, 1500, 2000, 2500, 3000)
+
+
+def course_table(cells):
+    """At a few evaluation steps (the figure has every one), in every cell of 2 seeds or more: the cost at depth K and the training-loss gap,
+    mean with its 95% t interval over the seeds (unadjusted: a course, not a family)."""
+    header = ['cell', 'step', 'seeds', 'cost (val): mean', '95% t interval', 'train-loss gap: mean']
+    rows = []
+    for lr in RATES:
+        for step, cost, gap in course(cells, lr):
+            if step in COURSE_STEPS and len(cost) > 1:  # single seeds: the figure
+                t = paired_test(cost, MARGIN) if len(cost) > 1 else {'lo': math.nan, 'hi': math.nan}
+                rows.append([f"lr {lr}", step, len(cost), fmt_number(float(np.mean(cost))),
+                             f"[{fmt_number(t['lo'])}, {fmt_number(t['hi'])}]", fmt_number(float(np.mean(gap)))])
+    return markdown(header, rows)
+
+
+def spearman(x, y):
+    rank = lambda v: np.argsort(np.argsort(v)).astype(float)
+    return float(np.corrcoef(rank(x), rank(y))[0, 1])
+
+
+def accounts(cells):
+    """The two accounts of the cost, as pre-declared (ACCOUNTS): over every seed's rmsnorm/raw pair of every
+    convergence cell at every evaluation from step 100, each term's share of the cost's variance and its
+    correlation with the cost; and the Spearman correlation of loop 2's turn with its gain over every K = 4
+    convergence run's evaluations from step 500. None where no pair has finished."""
+    gap, deficit, turn, gain = [], [], [], []
+    for lr in RATES:
+        a, b = cells.get(cell(lr, 'rmsnorm'), {}), cells.get(cell(lr, 'raw'), {})
+        for s in sorted(set(a) & set(b)):
+            for x, y in zip(a[s]['records'], b[s]['records']):
+                if x['step'] >= 100:
+                    g = x['val_loss'][0] - y['val_loss'][0]
+                    gap.append(g)
+                    deficit.append(x['val_loss'][3] - y['val_loss'][3] - g)
+        for run in [*a.values(), *b.values()]:
+            for rec in run['records']:
+                if rec['step'] >= 500:
+                    turn.append(rec['turn'][1])
+                    gain.append(rec['val_loss'][0] - rec['val_loss'][1])
+    if len(gap) < 3:
+        return None
+    gap, deficit = np.array(gap), np.array(deficit)
+    cost = gap + deficit
+    share = lambda t: float(np.cov(t, cost)[0, 1] / cost.var(ddof=1))
+    r = lambda t: float(np.corrcoef(t, cost)[0, 1])
+    out = {'points': len(cost), 'first exit': (share(gap), r(gap)), 'wasted loops': (share(deficit), r(deficit)),
+           'turn': spearman(turn, gain), 'turn points': len(turn)}
+    out['holds'] = {name: out[name][0] >= ACCOUNT_SHARE and out[name][1] >= ACCOUNT_R for name in ACCOUNTS}
+    out['holds']['wasted loops'] = out['holds']['wasted loops'] and out['turn'] >= 0.5
+    return out
+
+
+def accounts_text(acc):
+    if acc is None:
+        return 'No pair of convergence runs has finished yet.'
+    lines = [f"Over {acc['points']} points (every finished rmsnorm/raw pair of a convergence cell at every "
+             f"evaluation from step 100), cost = first-exit gap + gain deficit exactly; each term's share of the "
+             f"cost's variance and its Pearson r with the cost (an account holds at share >= {ACCOUNT_SHARE:g} "
+             f"and r >= {ACCOUNT_R:g}):", '']
+    for name in ACCOUNTS:
+        s, r = acc[name]
+        lines.append(f"- {name}: share {s:.2f}, r {r:+.2f}")
+    lines.append(f"- loop 2's turn against its gain: Spearman {acc['turn']:+.2f} over {acc['turn points']} "
+                 "evaluations from step 500 (the wasted-loops account needs >= 0.5)")
+    lines.append('')
+    lines += [f"- the {name} account: {'holds' if acc['holds'][name] else 'does not hold'}" for name in ACCOUNTS]
+    if not any(acc['holds'].values()):
+        lines.append('- neither account holds: the data name no mechanism')
+    return '\n'.join(lines)
+
+
+# ---- every prediction, checked
+
+def prediction_checks(cells, families, acc):
+    """Each prediction of PREDICTIONS against what was measured: met, missed, or not measured yet."""
+    (conv, best, ctrl), b = [verdict_rows(rows) for rows in families], best_from_cells(cells)
+    byrow = lambda rows, i: rows[i] if rows[i]['n'] > 1 else None
+
+    def verdict(row, ok):
+        return ('not measured yet', None) if row is None else (
+            f"{row['verdict']}, {fmt_number(row['mean'])} [{fmt_number(row['lo'])}, {fmt_number(row['hi'])}]",
+            ok(row))
+    checks = {
+        'converged cost lr 1e-3': verdict(byrow(conv, 0),
+                                          lambda r: r['verdict'] == 'higher' and 0.02 < r['mean'] < 0.148),
+        'converged cost lr 3e-3': verdict(byrow(conv, 1), lambda r: r['verdict'].startswith('equivalent')),
+        'best rates': ('not measured yet', None) if b is None else (
+            f"rmsnorm {b['rmsnorm']}, raw {b['raw']}", float(b['rmsnorm']) >= float(b['raw'])
+            and b['raw'] in ('2e-3', '3e-3')),
+        'best against best': verdict(byrow(best, 0), lambda r: r['verdict'].startswith('equivalent')),
+        'one loop raw at best': verdict(byrow(best, 1), lambda r: r['verdict'] == 'lower' and r['mean'] < -0.05),
+        'one loop rmsnorm at best': verdict(byrow(best, 2), lambda r: r['verdict'] == 'lower' and best[1]['n'] > 1
+                                            and r['mean'] > best[1]['mean']),
+        'control raw + penalty 0.1': verdict(byrow(ctrl, 0),
+                                             lambda r: r['verdict'] == 'higher' and 0.03 <= r['mean'] <= 0.10),
+        'control rmsnorm + normed': verdict(byrow(ctrl, 1), lambda r: r['verdict'] == 'lower' and r['mean'] < -0.02),
+        'control normed against raw': verdict(byrow(ctrl, 2), lambda r: r['verdict'] == 'not resolved'),
+        'accounts': ('not measured yet', None) if acc is None else (
+            ', '.join(f"{n} {'holds' if h else 'does not hold'}" for n, h in acc['holds'].items()),
+            acc['holds']['first exit'] and not acc['holds']['wasted loops']),
+    }
+    crossings = []
+    for lr in CHECKED:
+        points = [(step, float(np.mean(c))) for step, c, _ in course(cells, lr)]
+        if points:
+            first = next((step for step, m in points if m > 0), None)
+            crossings.append((lr, points[0][1], first))
+    if len(crossings) == len(CHECKED):
+        checks['course'] = ('; '.join(f"lr {lr}: {m0:+.3f} at step 100, first above 0 at step {first}"
+                                      for lr, m0, first in crossings),
+                            all(m0 < 0 and first is not None and first < 1000 for _, m0, first in crossings))
+    else:
+        checks['course'] = ('not measured yet', None)
+    lines = []
+    for key, text in PREDICTIONS.items():
+        found, met = checks[key]
+        word = 'not measured yet' if met is None else ('met' if met else 'missed')
+        lines.append(f"- {key}: {word}. Predicted: {text}. Measured: {found}")
+    return '\n'.join(lines)
+
+
+def sweep_table(cells):
+    header = ['readout'] + [f"lr {lr}" for lr in RATES] + ['best (seed 1)']
+    best = best_from_cells(cells)
+    rows = [[ro] + [mean_sd(v) + f" ({len(v)})" if v else '-' for v in sweep(cells)[ro].values()]
+            + [best[ro] if best else 'not yet'] for ro in READOUTS]
+    return markdown(header, rows)
+
+
+def tables(runs):
+    cells, notes = by_cell(runs)
+    predictions = '\n'.join(f"- {name}: {text}" for name, text in PREDICTIONS.items())
+    families = [converged_rows(cells), best_rows(cells), control_rows(cells)]
+    acc = accounts(cells)
+    parts = [f"# Cost or delay: the convergence runs' tables\n\nThe predictions, committed before any run "
+             f"(lab/converge.py PREDICTIONS):\n\n{predictions}\n\nMargin +-{MARGIN:g} nats; Holm's "
+             f"correction within each family at {ALPHA:g}; SD is the sample SD (ddof 1) of the seed-by-seed "
+             "differences; 'seeds' lists the pairs. Verdicts: equivalent within the margin where TOST passes, "
+             "else lower or higher where the two-sided test passes, else not resolved (no difference shown, "
+             "which is not no difference). A difference that is both inside the margin and different from 0 "
+             "says both."]
+    titles = [(f"Cost or delay: the cost at convergence ({FAMILIES['converged cost']})", 'rmsnorm - raw'),
+              (f"Each readout at its best rate ({FAMILIES['best rate']})", 'difference'),
+              (f"Controls ({FAMILIES['controls']})", 'difference')]
+    for (title, what), rows in zip(titles, families):
+        parts.append(f"## {title}\n\n{family_table(rows, what)}")
+    parts.append("## The rate sweep: the loss at depth K at step 3,000 (mean ± SD over the seeds run, their "
+                 "number in brackets)\n\n" + sweep_table(cells))
+    parts.append("## The cost's course over training (fig_course.png has every evaluation)\n\n"
+                 + course_table(cells))
+    parts.append("## The mechanism: two accounts, pre-declared\n\n" + accounts_text(acc))
+    parts.append("## Every prediction, checked\n\n" + prediction_checks(cells, families, acc))
+    if notes:
+        parts.append('Not finished (left out): ' + '; '.join(notes))
+    return '\n\n'.join(parts) + '\n'
+
+
+# ---- the figures
+
+def course_figure(cells, path):
+    """fig_course.png: rmsnorm - raw at depth K over training, per convergence cell: the mean over seeds and
+    its 95% t interval at every evaluation (seeds alone, dashed, where a cell has one); right, the same for the
+    training loss."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.4), sharey=True)
+    colors = plt.rcParams['axes.prop_cycle'].by_key()['color']
+    for i, lr in enumerate(RATES):
+        points = course(cells, lr)
+        if not points:
+            continue
+        steps = [p[0] for p in points]
+        for ax, which in zip(axes, (1, 2)):
+            values = [p[which] for p in points]
+            mean = [float(np.mean(v)) for v in values]
+            n = len(values[0])
+            label = f"lr {lr} ({n} seed{'s' if n > 1 else ''})"
+            ax.plot(steps, mean, '-' if n > 1 else '--', color=colors[i], label=label)
+            if n > 1:
+                tests = [paired_test(v, MARGIN) for v in values]
+                ax.fill_between(steps, [t['lo'] for t in tests], [t['hi'] for t in tests], color=colors[i],
+                                alpha=0.2)
+    for ax, what in zip(axes, ('validation', 'training')):
+        ax.axhspan(-MARGIN, MARGIN, color='grey', alpha=0.2)
+        ax.axhline(0, color='grey', lw=0.8)
+        ax.set(xlabel='step', title=f"rmsnorm - raw, {what} loss at depth K: mean and 95% t interval")
+        ax.title.set_fontsize(10)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0].set_ylabel('nats (grey band: the margin)')
+    return save_figure(fig, path)
+
+
+def rates_figure(cells, path):
+    """fig_rates.png: each readout's validation loss at depth K at step 3,000 against the learning rate: every
+    seed a dot, the mean a line; the one-loop baselines at their rates as crosses."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4.4))
+    colors = {'rmsnorm': 'C0', 'raw': 'C1'}
+    for ro, by_rate in sweep(cells).items():
+        xs = [float(lr) for lr in RATES if by_rate[lr]]
+        ax.plot(xs, [np.mean(by_rate[lr]) for lr in RATES if by_rate[lr]], '-', color=colors[ro],
+                label=f"{ro}, K = 4")
+        for lr in RATES:
+            ax.plot([float(lr)] * len(by_rate[lr]), by_rate[lr], 'o', color=colors[ro], alpha=0.5, ms=4)
+            one = [at_k(r) for r in cells.get(cell(lr, ro, 1), {}).values()]
+            if one:
+                ax.plot([float(lr)] * len(one), one, 'x', color=colors[ro], ms=7,
+                        label=f"{ro}, K = 1, lr {lr}")
+    ax.set(xscale='log', xlabel='learning rate (warmup, cosine to lr / 10)',
+           ylabel=f'validation loss at depth K, step {STEPS:,}')
+    ax.set_title('Each readout against the learning rate', fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    return save_figure(fig, path)
+
+
 # ---- the command
 
 def get_parser():
@@ -163,6 +496,9 @@ def get_parser():
     p.add_argument('--committed', default=os.path.join('figures', 'converge', 'runs'),
                    help="--run: where the finished runs' logs are committed; a run finished there is not trained "
                         'again')
+    p.add_argument('--cost_runs', default=os.path.join(ROOT, 'figures', 'cost', 'runs'),
+                   help="the cost grid's committed runs, whose 4-layer 1e-3 rmsnorm and raw runs the controls "
+                        "pair with ('' for none)")
     p.add_argument('--fig_dir', default=os.path.join('out', 'converge_figures'),
                    help='where table.md and the figures go (a committed table changes only when its folder is '
                         'named here)')
@@ -192,6 +528,14 @@ def known_runs(out_root, config, committed):
     return runs
 
 
+def cost_grid_runs(folder):
+    """The cost grid's runs the controls pair with: its 4-layer 1e-3 K = 4 rmsnorm and raw runs, seeds 1-3."""
+    if not folder:
+        return []
+    return load_runs([f for ro in READOUTS for s in (1, 2, 3)
+                      for f in glob.glob(os.path.join(folder, f"L4-lr1e-3-K4-{ro}-seed{s}"))])
+
+
 def main(argv=None):
     p = get_parser()
     args = p.parse_args(argv)
@@ -209,9 +553,15 @@ def main(argv=None):
             print(f"{PROG}: the sweep has not named each readout's best rate yet; rerun --run once every "
                   "worker is done, to train the best rates' seeds and the one-loop baselines")
     try:
-        load_runs(args.runs, folders)
+        runs = load_runs(args.runs, folders) + cost_grid_runs(args.cost_runs)
     except LogError as e:
         fail(PROG, e)
+    cells, _ = by_cell(runs)
+    text = tables(runs)
+    write_text(os.path.join(args.fig_dir, 'table.md'), text)
+    course_figure(cells, os.path.join(args.fig_dir, 'fig_course.png'))
+    rates_figure(cells, os.path.join(args.fig_dir, 'fig_rates.png'))
+    print(text + f"wrote {os.path.join(args.fig_dir, 'table.md')}, fig_course.png and fig_rates.png")
 
 
 if __name__ == '__main__':

@@ -160,6 +160,8 @@ def family_table(rows, what):
     for r in rows:
         if r['n'] < 2:  # no test: no verdict, whatever family_verdicts wrote
             r['verdict'] = 'no verdict: one pair' if r['n'] == 1 else 'no pairs'
+        elif r['verdict'].startswith('equivalent') and r['p_holm'] < ALPHA:  # both are true: say both
+            r['verdict'] += f", and {'lower' if r['mean'] < 0 else 'higher'} than 0"
     header = ['comparison', 'seeds', f'{what}: mean', 'SD (ddof 1)', '95% t interval', 'p (Holm)',
               f'TOST p at +-{MARGIN:g} (Holm)', 'verdict', 'predicted']
     body = [[r['label'], ' '.join(map(str, r['seeds'])), fmt_number(r['mean']), fmt_number(r['sd'], '.3f'),

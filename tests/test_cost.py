@@ -192,3 +192,13 @@ def test_the_single_run_predictions_are_counted_run_by_run_with_their_misses_nam
     runs[6]['records'][-1]['hidden_norm'] = [90.0] * 8  # 90, so the dose no longer falls at every step
     lines = cost.mechanism_checks(cost.by_cell(runs)[0]).splitlines()
     assert lines[3].endswith('missed by seed 1 (500.0 > 80.0 > 90.0 > 10.0)')
+
+
+def test_a_shift_inside_the_margin_that_differs_from_zero_reports_both_facts():
+    """A tiny, consistent shift (+0.001 in every pair) is equivalent within the margin and also higher than 0:
+    the row says both, not only the equivalence that is tested first."""
+    shift = cost.comparison_row('shift', [1, 2, 3, 4], [0.0010, 0.0011, 0.0009, 0.0010], 'x')
+    noise = cost.comparison_row('noise', [1, 2, 3, 4], [0.001, -0.001, 0.0005, -0.0005], 'x')
+    cost.family_table([shift, noise], 'd')
+    assert shift['verdict'] == 'equivalent within +-0.02, and higher than 0'
+    assert noise['verdict'] == 'equivalent within +-0.02'
