@@ -152,10 +152,11 @@ def comparison_row(label, seeds, diffs, prediction):
     return {'label': label, 'seeds': seeds, 'prediction': prediction, **test}
 
 
-def family_table(rows, what):
+def family_table(rows, what, f='+.3f'):
     """Holm over the family as declared (a comparison not yet measured still counts in m), then one markdown
     table: the comparison, its pairs, the mean difference with its sample SD (ddof 1) and 95% t interval, the
-    adjusted p and TOST p, the verdict and the prediction."""
+    adjusted p and TOST p, the verdict and the prediction; f: the differences' format (the precision family's
+    shifts need four decimals)."""
     family_verdicts(rows, MARGIN, ALPHA)
     for r in rows:
         if r['n'] < 2:  # no test: no verdict, whatever family_verdicts wrote
@@ -164,8 +165,8 @@ def family_table(rows, what):
             r['verdict'] += f", and {'lower' if r['mean'] < 0 else 'higher'} than 0"
     header = ['comparison', 'seeds', f'{what}: mean', 'SD (ddof 1)', '95% t interval', 'p (Holm)',
               f'TOST p at +-{MARGIN:g} (Holm)', 'verdict', 'predicted']
-    body = [[r['label'], ' '.join(map(str, r['seeds'])), fmt_number(r['mean']), fmt_number(r['sd'], '.3f'),
-             f"[{fmt_number(r['lo'])}, {fmt_number(r['hi'])}]", fmt_number(r.get('p_holm', math.nan), '.4f'),
+    body = [[r['label'], ' '.join(map(str, r['seeds'])), fmt_number(r['mean'], f), fmt_number(r['sd'], f[1:]),
+             f"[{fmt_number(r['lo'], f)}, {fmt_number(r['hi'], f)}]", fmt_number(r.get('p_holm', math.nan), '.4f'),
              fmt_number(r.get('p_tost_holm', math.nan), '.4f'), r['verdict'], r['prediction']]
             for r in rows]
     return markdown(header, body)
@@ -365,7 +366,8 @@ def tables(runs):
                 ('The precision hazard (family: precision; seeds: the number of checkpoints)',
                  precision_rows([r for s in cells.values() for r in s.values()]), 'bf16 - float32')]
     for title, rows, what in sections:
-        parts.append(f"## {title}\n\n{family_table(rows, what)}")
+        f = '+.4f' if what == 'bf16 - float32' else '+.3f'
+        parts.append(f"## {title}\n\n{family_table(rows, what, f)}")
     parts.append("## The mechanism: each loop's gain and turn\n\n" + mechanism_table(cells))
     parts.append("## The predictions about single runs, checked in each\n\n" + mechanism_checks(cells))
     if notes:
