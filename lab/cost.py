@@ -221,6 +221,26 @@ def one_loop_rows(cells):
     return rows
 
 
+def course_table(cells):
+    """Per factorial cell at steps 100, 400, 700 and 1,000: the mean over seeds of rmsnorm's and raw's loss at
+    depth 4, the cost (rmsnorm - raw) and the same gap in training loss: is the cost still moving at the end?"""
+    header = ['cell', 'step', 'pairs', 'rmsnorm loss at K', 'raw loss at K', 'cost (val)', 'train-loss gap']
+    rows = []
+    for L, lr in FACTORIAL:
+        a, b = cells.get(f"L{L}-lr{lr}-K4 + rmsnorm", {}), cells.get(f"L{L}-lr{lr}-K4 + raw", {})
+        seeds = sorted(set(a) & set(b))
+        for step in (100, 400, 700, 1000):
+            at = lambda run: next((r for r in run['records'] if r['step'] == step), None)
+            recs = [(at(a[s]), at(b[s])) for s in seeds if at(a[s]) and at(b[s])]
+            if not recs:
+                continue
+            rms, raw = (np.mean([pair[i]['val_loss'][3] for pair in recs]) for i in (0, 1))
+            gap = np.mean([x['train_loss'] - y['train_loss'] for x, y in recs])
+            rows.append([f"{L} layers, lr {lr}", step, len(recs), f"{rms:.3f}", f"{raw:.3f}",
+                         fmt_number(rms - raw), fmt_number(gap)])
+    return markdown(header, rows)
+
+
 def mean_sd(values, f='.3f'):
     v = np.asarray(values, dtype=float)
     return format(v.mean(), f) + (f" ± {v.std(ddof=1):{f}}" if len(v) > 1 else '')
@@ -368,6 +388,7 @@ def tables(runs):
     for title, rows, what in sections:
         f = '+.4f' if what == 'bf16 - float32' else '+.3f'
         parts.append(f"## {title}\n\n{family_table(rows, what, f)}")
+    parts.append("## The cost's course over training (means over the pairs)\n\n" + course_table(cells))
     parts.append("## The mechanism: each loop's gain and turn\n\n" + mechanism_table(cells))
     parts.append("## The predictions about single runs, checked in each\n\n" + mechanism_checks(cells))
     if notes:

@@ -202,3 +202,21 @@ def test_a_shift_inside_the_margin_that_differs_from_zero_reports_both_facts():
     cost.family_table([shift, noise], 'd')
     assert shift['verdict'] == 'equivalent within +-0.02, and higher than 0'
     assert noise['verdict'] == 'equivalent within +-0.02'
+
+
+def test_the_cost_course_table_averages_each_step_over_the_pairs(tmp_path):
+    """Two pairs of the 4-layer 1e-3 cell with records at steps 100 and 1,000: the costs are -0.3 and +0.1 at
+    step 100 and +0.1 and +0.2 at 1,000, so the table shows -0.100 and +0.150; a step no run logged is left out."""
+    runs = []
+    for seed, (early, late) in ((1, (-0.3, 0.1)), (2, (0.1, 0.2))):
+        raw = fake_run(tmp_path, 'L4-lr1e-3-K4 + raw', seed, [2.0] * 8)
+        rms = fake_run(tmp_path, 'L4-lr1e-3-K4 + rmsnorm', seed, [2.0] * 3 + [2.0 + late] + [2.0] * 4)
+        first = dict(rms['records'][-1], step=100, val_loss=[2.0] * 3 + [2.0 + early] + [2.0] * 4,
+                     train_loss=2.0 + 2 * early)
+        rms['records'].insert(0, first)
+        raw['records'].insert(0, dict(raw['records'][-1], step=100))
+        runs += [raw, rms]
+    cells, _ = cost.by_cell(runs)
+    rows = [line for line in cost.course_table(cells).splitlines() if line.startswith('| 4 layers')]
+    assert rows == ['| 4 layers, lr 1e-3 | 100 | 2 | 1.900 | 2.000 | -0.100 | -0.200 |',
+                    '| 4 layers, lr 1e-3 | 1000 | 2 | 2.150 | 2.000 | +0.150 | +0.150 |']
