@@ -8,9 +8,10 @@ copy of the repository, and the assignment's grader must fail on it; the referen
     python assignments/key/mutations.py --only=a3,a7    # just these assignments
 
 The graders run in this one process (pytest.main, with every module of the scratch copy re-imported each time),
-so torch is imported once; the 113 mutations, with --stubs, took 33 s on a 2-core machine that ran several
-other jobs (load average 7 to 9). tests/test_course_kit.py runs it and requires every mutation to be caught
-by a failing test (not by an import or collection error).
+so torch is imported once; the 116 mutations, with --stubs, in the two halves the instructor check runs side by
+side, took 54 s and 78 s on a 2-core machine that ran several other jobs (load average 6 to 7).
+tests/test_course_kit.py runs it and requires every mutation to be caught by a failing test (not by an import
+or collection error).
 """
 
 import argparse
@@ -304,6 +305,13 @@ MUTATIONS = [
      'self.adapter(torch.cat([h, e], dim=-1))', 'F.linear(torch.cat([h, e], dim=-1), self.adapter.weight.detach())'),
     ('a8', 'lab/designs.py', 'concat as h + e (the adapter left out)',
      'self.adapter(torch.cat([h, e], dim=-1))', '(h + e)'),
+    ('a8', 'lab/designs.py', "inject without the diagonal case (add and concat only: under 'diagonal' it falls through "
+     "to the adapter, which a diagonal model does not have, and the atlas's four diagonal runs of A8 Q2 fail)",
+     "        if self.config.injection == 'diagonal':\n            return self.diagonal(h, e)\n", ''),
+    ('a8', 'lab/designs.py', 'diagonal with h and e swapped, decay * e + Delta * B h',
+     'return self.diagonal(h, e)', 'return self.diagonal(e, h)'),
+    ('a8', 'lab/designs.py', "diagonal as add, h + e (Parcae's decay and Delta * B left out)",
+     'return self.diagonal(h, e)', 'return h + e'),
     ('a8', 'lab/designs.py', "sandwich drops its kv (generation's cached keys and values never reached)",
      'x = self.post_attn(x + self.attn(self.norm_1(x), kv))',
      'x = self.post_attn(x + self.attn(self.norm_1(x)))'),

@@ -1,11 +1,13 @@
 """A8 grader: DesignedGPT.inject and DesignBlock.sandwich_forward (lab/designs.py, the extension of looped.py's model
 that builds the field's designs), against invariants and computations done here by hand: what concat computes at
-initialization, what add's passes run on, what the adapter's two halves do, and the RMS a sandwich layer hands on;
-and both designs inside generation with its KV cache (lab/engine.py) against the plain model.generate.
+initialization, what add's passes run on, what the adapter's two halves do, that the diagonal injection (Parcae's,
+which the atlas of A8 Q2 trains) is handed h and e, and the RMS a sandwich layer hands on; and every design inside
+generation with its KV cache (lab/engine.py) against the plain model.generate.
 PYTEST_DONT_REWRITE"""
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from grading import check_close, designed, generated_both_ways, one_thread  # noqa: F401
 from lab.designs import DesignBlock, DesignConfig
@@ -132,6 +134,55 @@ def test_concat_gradients_reach_h_e_and_both_halves_of_the_adapter():
         check_close(g, want, f"injection='concat': dL/d{name} against its hand computation", rtol=1e-4, atol=1e-5)
 
 
+def with_random_diagonal(model, seed=10):
+    """The diagonal injection's A_log, dt_bias and B drawn at random (B = I at initialization, where B e = e would
+    let e stand in for B e), so that no part of it can stand in for another."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        model.diagonal.A_log.copy_(torch.randn(32, generator=g) / 2)
+        model.diagonal.dt_bias.copy_(torch.randn(32, generator=g) / 2)
+        model.diagonal.B.weight.copy_(torch.randn(32, 32, generator=g) / 6)
+    return model
+
+
+DIAGONAL_HINT = ("inject must handle every injection a DesignConfig can ask for, and the atlas of A8 Q2 trains "
+                 "'diagonal' (its diagonal and parcae designs): under injection='diagonal' hand h and e, in this "
+                 "order, to Parcae's injection, self.diagonal (lab/designs.py's DiagonalInjection, written for you)")
+
+
+def test_diagonal_hands_h_and_e_to_parcaes_injection():
+    """injection='diagonal': inject(h, e) is Parcae's decay * h + Delta * B e, per channel, with Delta =
+    softplus(dt_bias) and decay = exp(-Delta exp(A_log)), computed here by hand from the injection's own
+    parameters (random, so h, e and B e cannot stand in for each other); the gradient reaches h, e and the
+    injection's three parameters. An inject without the diagonal case fails here (with add and concat only, it
+    falls through to the concat adapter, which a diagonal model does not have)."""
+    model = with_random_diagonal(designed(injection='diagonal'))
+    h, e = (x.requires_grad_() for x in pair())
+    try:
+        out = model.inject(h, e)
+    except NotImplementedError:
+        raise
+    except Exception as exc:  # one sentence that names the missing case, not a traceback into lab/designs.py
+        raise AssertionError(f"injection='diagonal': inject(h, e) raised {type(exc).__name__}: {exc}; "
+                             f"{DIAGONAL_HINT}") from None
+    d = model.diagonal
+    delta = F.softplus(d.dt_bias.detach())
+    decay = torch.exp(-delta * d.A_log.detach().exp())
+    B = d.B.weight.detach()
+    check_close(out, decay * h + delta * (e @ B.T), "injection='diagonal': inject(h, e) against Parcae's "
+                "decay * h + Delta * B e, computed by hand", rtol=1e-5, atol=1e-6, hint=DIAGONAL_HINT + '.')
+    w = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(11))
+    params = [d.A_log, d.dt_bias, d.B.weight]
+    gh, ge, *gp = torch.autograd.grad((out * w).sum(), [h, e, *params], allow_unused=True)
+    for name, g, want in (('h', gh, w * decay), ('e', ge, (w * delta) @ B)):
+        assert g is not None, f"injection='diagonal': no gradient reaches {name} (is it detached?)"
+        check_close(g, want, f"injection='diagonal': d(w . inject(h, e)) / d{name} against its hand computation",
+                    rtol=1e-4, atol=1e-6)
+    for name, g in zip(('A_log', 'dt_bias', 'B'), gp):
+        assert g is not None and g.abs().sum().item() > 0, \
+            f"injection='diagonal': no gradient reaches the injection's {name} (is it detached?)"
+
+
 def sandwich_block(last_gain=None, seed=6):
     """A sandwich DesignBlock whose four norms have different gains (so that none can stand in for another), the last
     one a constant if last_gain is given."""
@@ -193,8 +244,9 @@ def test_a_sandwich_model_hands_on_every_state_at_the_gain():
 
 
 def with_random_gains_and_adapter(model, seed=9):
-    """Every RMSNorm gain drawn from [0.5, 1.5] and, under concat, a random adapter W (so that e
-    gets in): no part of a design can stand in for another in what generation samples."""
+    """Every RMSNorm gain drawn from [0.5, 1.5], under concat a random adapter W (so that e gets
+    in) and under diagonal a random A_log, dt_bias and B: no part of a design can stand in for
+    another in what generation samples."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -202,11 +254,11 @@ def with_random_gains_and_adapter(model, seed=9):
                 p.copy_(0.5 + torch.rand(p.shape, generator=g))
         if model.adapter is not None:
             model.adapter.weight.copy_(torch.randn(32, 64, generator=g) / 6)
-    return model
+    return with_random_diagonal(model) if model.diagonal is not None else model
 
 
-@pytest.mark.parametrize('design', [dict(injection='add'), dict(injection='concat'),
-                                    dict(block='sandwich')], ids=['add', 'concat', 'sandwich'])
+@pytest.mark.parametrize('design', [dict(injection='add'), dict(injection='concat'), dict(injection='diagonal'),
+                                    dict(block='sandwich')], ids=['add', 'concat', 'diagonal', 'sandwich'])
 def test_cached_generation_gives_the_plain_generations_tokens(design):
     """Generation's KV cache (lab/engine.py) runs a new token's passes over its own position only:
     inject gets that position's state and embedding, and each sandwich layer's attention must
@@ -221,7 +273,13 @@ def test_cached_generation_gives_the_plain_generations_tokens(design):
             if 'block' in design else
             "inject must act on each position's own h and e, whatever the number of positions")
     for n_loop in (3, 5):
-        plain, cached, _, diffs = generated_both_ways(model, prompt, 20, n_loop)
+        try:
+            plain, cached, _, diffs = generated_both_ways(model, prompt, 20, n_loop)
+        except NotImplementedError:
+            raise
+        except Exception as exc:
+            raise AssertionError(f"{name}, n_loop={n_loop}: generation raised {type(exc).__name__}: {exc}"
+                                 + (f"; {DIAGONAL_HINT}" if design.get('injection') == 'diagonal' else '')) from None
         bad = [i for i, d in enumerate(diffs) if not d <= 1e-4]
         assert torch.equal(plain, cached) and len(diffs) == 20 and not bad, (
             f"{name}, n_loop={n_loop}: generation with the KV cache drew its tokens from other "
