@@ -32,6 +32,7 @@ W = 'tests/test_wiring.py::'
 G = 'tests/test_generation.py::'
 B = 'tests/test_bounded_designs.py::'
 N = 'tests/test_nanogpt_user.py::'
+T = 'tests/test_behaviours.py::'
 
 # (name, file, the line as it is, the line as broken, the tests that must fail)
 MUTATIONS = [
@@ -622,6 +623,28 @@ MUTATIONS = [
     ('the raw turn checked at its largest', 'lab/cost.py',
      '        worst = max(later) if rms else min(later)', '        worst = max(later)',
      ['tests/test_cost.py::test_the_single_run_predictions_are_counted_run_by_run_with_their_misses_named']),
+    # ---- a run seen from outside train.py (tests/test_behaviours.py): torchrun's batches and unused parameters,
+    # the progress line's mean loss and its clock, the configs' refusals
+    ('dropout of 1 accepted', 'looped.py', "('dropout', 0.0 <= self.dropout < 1.0,", "('dropout', 0.0 <= self.dropout <= 1.0,",
+     [T + 'test_an_impossible_dropout_or_gate_beta_is_refused_in_one_line_and_harms_no_run']),
+    ('a negative gate_beta accepted', 'lab/designs.py', "('gate_beta', 0 <= self.gate_beta < math.inf,",
+     "('gate_beta', -math.inf < self.gate_beta < math.inf,",
+     [T + 'test_an_impossible_dropout_or_gate_beta_is_refused_in_one_line_and_harms_no_run']),
+    ('DDP never told that a parameter may go unused', 'lab/designs.py',
+     "        return (self.depth_sampling != 'fixed' or self.bptt > 0 or self.recurrence != 'residual'",
+     "        return False and (self.depth_sampling != 'fixed' or self.bptt > 0 or self.recurrence != 'residual'",
+     [T + 'test_under_torchrun_a_step_that_leaves_a_parameter_without_a_gradient_trains']),
+    ("DDP not told that normed recurrence's norm may go unused", 'train.py',
+     "config.recurrence == 'normed' or config.readout == 'final_norm')", "config.readout == 'final_norm')",
+     [T + 'test_under_torchrun_one_normed_loop_leaves_the_inter_loop_norm_without_a_gradient_and_trains']),
+    ('every process draws the same batches', 'train.py', 'args.seed + rank)', 'args.seed)',
+     [T + 'test_under_torchrun_each_process_trains_on_its_own_batches']),
+    ('progress loss summed over micro-steps', 'train.py', 'lossf = lossf + loss.detach() / micro_steps',
+     'lossf = lossf + loss.detach()', [T + 'test_under_grad_accum_the_progress_loss_is_the_mean_over_micro_steps_not_the_sum']),
+    ('progress loss summed over processes', 'lab/runtime.py', 'return shared[0] / world, shared[1] / world,',
+     'return shared[0], shared[1] / world,', [T + 'test_under_torchrun_the_progress_loss_is_the_mean_over_processes_not_the_sum']),
+    ('ms/step counts the evaluation', 'train.py', 'progress.t_last += time.time() - t_eval', 'pass',
+     [T + 'test_progress_ms_per_step_leaves_the_evaluation_out']),
 ]
 
 
