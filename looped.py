@@ -1,7 +1,8 @@
 """
 A looped (depth-recurrent) transformer language model, in one file.
 
-One shared stack of pre-norm layers is applied n_loop = K times: h_0 = e, the embedding, and
+One shared stack of pre-norm layers is applied n_loop = K times: h_0 = e, the embedding; pass 1
+runs on e itself, h_1 = stack(e), and every later pass on what the previous one carries over,
 h_k = stack(carry(h_{k-1})), where carry is h itself (residual) or RMSNorm(h) (normed). Every
 loop's state h_k is read out by the LM head, so every loop can get a cross-entropy ("per-loop", or
 dense, supervision): loss = mean_k CE(head(readout(h_k))) + lambda * mean_k mean(h_k^2).
@@ -23,7 +24,7 @@ The rest is the shape (vocab_size, block_size, n_embd, n_head, n_layer, n_loop, 
 choices that leave the idea alone (tie_weights, norm_eps). LoopedGPT.loops is where the loop runs.
 The other looped LMs' designs extend this model in lab/designs.py by overriding a few methods,
 the seams, each of which does the paper's thing here: LoopedConfig.checks, make_stack, embed,
-loop_pass, carry, exit_input, loop_loss, training_loss (their docstrings say "A seam").
+loop_pass, carry, exit_input, loop_loss (their docstrings say "A seam").
 Generation with a KV cache and early exit lives in lab/engine.py; this file has the plain reference.
 """
 
@@ -119,18 +120,20 @@ class CausalSelfAttention(nn.Module):
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        if kv is not None:
+        p = self.dropout if self.training else 0.0
+        if kv is None:  # the plain path: each position sees itself and the ones before it
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        else:  # the cache's: the T queries are the newest of L positions, and see all before them
             k, v = kv(k, v)                                           # (B, nh, L, hs), L >= T
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=self.causal_mask(T, k.size(2)),
-                                           dropout_p=self.dropout if self.training else 0.0,
-                                           is_causal=(T == k.size(2) and T > 1))
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=self.causal_mask(T, k.size(2)),
+                                               dropout_p=p)
         y = y.transpose(1, 2).contiguous().view(B, T, C)              # heads side by side again
         return self.c_proj(y)
 
     def causal_mask(self, T, L):
         """Which of L keys each of T queries sees, (T, L), when the queries are the newest T of L
-        positions (after a cache): none is needed without a cache (is_causal) or for one query."""
-        if T in (1, L):
+        positions (after a cache); None for one query, which sees every key."""
+        if T == 1:
             return None
         return torch.ones(T, L, dtype=torch.bool, device=self.c_proj.weight.device).tril(L - T)
 
@@ -141,8 +144,10 @@ class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
         hidden = 4 * config.n_embd
-        self.c_fc = nn.Linear(config.n_embd, hidden, bias=False)
-        self.c_gate = nn.Linear(config.n_embd, hidden, bias=False)  # SwiGLU's gate, W3
+        self.c_fc = nn.Linear(config.n_embd, hidden, bias=False)  # W1, the branch through silu
+        # W3, the linear branch that silu(W1 x) multiplies: what most code calls up_proj (and W1
+        # gate_proj); the name is kept, since checkpoints store the weights under it
+        self.c_gate = nn.Linear(config.n_embd, hidden, bias=False)
         self.c_proj = nn.Linear(hidden, config.n_embd, bias=False)
         self.drop = nn.Dropout(config.dropout)
 
@@ -308,10 +313,9 @@ class LoopedGPT(nn.Module):
         mean_squares = torch.stack([h.float().pow(2).mean() for h in states])  # (K,)
         return self.config.norm_penalty * mean_squares.mean()
 
-    def training_loss(self, ces, states, e, stats):
-        """What training minimizes: the supervised cross-entropies, plus the norm penalty if on.
-        A seam: e and stats (forward's) are for lab/designs.py's terms (a penalty on a pass from
-        e, and what it reports)."""
+    def training_loss(self, ces, states):
+        """What training minimizes: the supervised cross-entropies ces, plus the norm penalty on the
+        states h_1..h_K if it is on."""
         loss = self.supervision_loss(ces)
         if self.config.norm_penalty > 0:
             loss = loss + self.norm_penalty(states)
@@ -343,7 +347,17 @@ class LoopedGPT(nn.Module):
                  'ce': torch.stack([ce.detach().mean() for ce in ces]) if ces else None}
         if targets is None:  # only the next token is needed: the head on the last position
             return self.lm_head(self.exit_input(h, K)[:, -1:, :]), None, stats
-        return logits, self.training_loss(ces, states, e, stats), stats
+        return logits, self.training_loss(ces, states), stats
+
+    def flops_per_token(self):
+        """Training FLOPs per token, nanoGPT's count: 6 per use of a matrix's weight (forward and
+        backward), the stack's once a loop and the head's once a supervised loop, plus attention's
+        12 * layers * d * T; norm gains are elementwise work, not counted."""
+        c, K = self.config, self.config.n_loop
+        readouts = 1 if c.supervision == 'terminal' else K
+        stack = sum(p.numel() for p in self.blocks.parameters() if p.dim() >= 2)
+        attention = 12 * K * c.n_layer * c.n_embd * c.block_size
+        return 6 * K * stack + 6 * readouts * c.vocab_size * c.n_embd + attention
 
     def configure_optimizers(self, weight_decay, learning_rate, device_type):
         # the authors decay every parameter, vectors too; betas are PyTorch's defaults

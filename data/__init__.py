@@ -13,7 +13,7 @@ data/common.py (reading, downloading, writing); this file only finds a dataset.
 
 import os
 
-from data.common import FILES, PrepareError
+from data.common import FILES, PrepareError, read_dataset
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATASETS = ('shakespeare_char', 'shakespeare', 'wikitext103')
@@ -46,3 +46,11 @@ def find_dataset(name):
     except PrepareError as e:
         raise ValueError(f"dataset {name} is not prepared and {e}") from None
     return folder
+
+
+def open_dataset(name):
+    """(folder, meta, splits, identity) of a dataset given by name or path: find_dataset's folder, and what
+    data/common.py's read_dataset reads there (the vocabulary, the token arrays, a hash of each split), every file
+    checked. ValueError with a one-line message otherwise."""
+    folder = find_dataset(name)
+    return (folder, *read_dataset(folder))

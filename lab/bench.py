@@ -179,13 +179,13 @@ def main(argv=None):
         fail(PROG, "need --vocab_size >= 1, --steps >= 1 and --warmup >= 0")
     try:
         rt = resolve_device(args.device, args.dtype, args.compile)
-        config = train.model_config(args, mine.vocab_size)
+        GPT, config = train.model_config(args, mine.vocab_size)  # what train.py would build
     except ValueError as e:
         fail(PROG, e)
     print(rt.describe())
     device = rt.device
     torch.manual_seed(args.seed)
-    model = DesignedGPT(config).to(device)
+    model = GPT(config).to(device)
     optimizer = model.configure_optimizers(args.weight_decay, args.learning_rate, rt.device_type)
     if rt.compile:
         compile_regions(model)
@@ -284,7 +284,8 @@ def generation(mine, args):
             what = f"{mine.ckpt} (step {ckpt['step']})"
         else:
             torch.manual_seed(args.seed)
-            model, what = DesignedGPT(train.model_config(args, mine.vocab_size)).to(rt.device).eval(), 'random weights'
+            GPT, config = train.model_config(args, mine.vocab_size)
+            model, what = GPT(config).to(rt.device).eval(), 'random weights'
     except ValueError as e:
         fail(PROG, e)
     c = model.config

@@ -1,19 +1,17 @@
 """
-The named configurations of train.py --config: sizes, steps, evaluation and learning rate of each. Any flag given
-on the command line overrides its value here; the model flags themselves are described in looped.LoopedConfig (the
-paper's) and lab/designs.py's DesignConfig (the other designs'), and made here (add_model_flags: one flag per field,
-its help the field's comment, its choices lab.designs.CHOICES'), and
-train.py's other flags are checked here (bad_training_flag, given_flags).
+train.py's named configurations (--config: sizes, steps, evaluation and learning rate of each; any flag typed on
+the command line overrides its value here), its parser (FlagParser: one-line errors, nanoGPT's habits answered,
+True/False flags), the checks of its training flags (bad_training_flag), and the variant fields that name a run
+and a condition (lab/runs.py). The model's flags are written out in train.py (the paper's) and lab/designs.py
+(add_design_flags, the designs').
 """
 
 import argparse
-import inspect
 import math
-import re
+import sys
 from dataclasses import fields
 
-from lab.designs import CHOICES, DesignConfig
-from looped import LoopedConfig
+from lab.designs import DesignConfig
 
 # 'laptop' is the default and changes nothing: train.py's own defaults (and LoopedConfig's) are the laptop run,
 # which on a 2-core CPU trains, evaluates and checkpoints in a few minutes and whose log shows the blind spot.
@@ -35,7 +33,7 @@ CONFIGS = {
     # The authors' recipe: the whole stack looped K=4 times, SwiGLU, tied embeddings, dropout 0.1, AdamW 3e-4
     # constant with weight decay 0.01 on everything, clip 1.0, context 256, 4 epochs of WikiText-103 with the
     # word-level tokenizer (python -m data.wikitext103.prepare). An epoch is counted their way: one pass over
-    # the windows of 256 tokens taken at stride 128 (see steps_from_epochs). For a GPU; on a CPU try
+    # the windows of 256 tokens taken at stride 128 (train.py's steps_from_epochs). For a GPU; on a CPU try
     # --max_iters=2 --batch_size=2.
     'paper_44m': dict(n_layer=8, n_embd=512, n_head=8, n_loop=4, block_size=256, batch_size=64, dropout=0.1,
                       max_iters=None, epochs=4, eval_interval=1000, eval_iters=20, log_interval=50,
@@ -46,18 +44,9 @@ CONFIGS = {
 }
 
 
-def steps_from_epochs(epochs, n_tokens, block_size, global_batch):
-    """Optimizer steps for a number of epochs, counted as the authors count them: the training tokens are cut
-    into windows of block_size at stride block_size // 2 (so every token is in about two windows), and an epoch
-    is one pass over those windows. Returns (steps, windows per epoch)."""
-    stride = block_size // 2
-    windows = (n_tokens - block_size - 1) // stride + 1
-    return math.ceil(epochs * windows / global_batch), windows
-
-
-# ---- the model's flags and names, derived from the fields of DesignConfig (LoopedConfig's, then the designs')
+# ---- the names of runs and conditions, derived from the fields of DesignConfig (LoopedConfig's, then the designs')
 #
-# Every field is a train.py flag whose help is the field's own comment in looped.py. Every field that is not
+# Every field is a train.py flag (train.py writes the paper's, lab/designs.py the designs'). Every field that is not
 # the shape or an implementation choice is a variant: a run folder's name and a condition's name (lab/runs.py)
 # list the variants that differ from their defaults. A new field is a variant, named 'field_value', with no
 # entry here; the tables below only keep the names that the committed runs already have.
@@ -80,14 +69,7 @@ def variant_fields():
     return rest[:at] + gate + rest[at:]
 
 
-def field_help():
-    """{field: its comment in looped.py's LoopedConfig or lab/designs.py's DesignConfig (which wins)}: the help of
-    train.py's flags."""
-    source = inspect.getsource(LoopedConfig) + inspect.getsource(DesignConfig)
-    return dict(re.findall(r'^    (\w+): [^=\n]+=[^#\n]+#\s*(.+)$', source, flags=re.M))
-
-
-# ---- train.py's flags: one per DesignConfig field, and the argparse types and help they need
+# ---- train.py's parser: the argparse types and help its flags need, and its one-line errors
 
 def str2bool(s):
     """argparse type for booleans: plain type=bool would turn the string 'False' into True."""
@@ -110,38 +92,6 @@ class Help(argparse.ArgumentDefaultsHelpFormatter):
     """--help with every default but an unset one: that flag's own help says what unset means."""
     def _get_help_string(self, action):
         return action.help if action.default is None else super()._get_help_string(action)
-
-
-BOOLEAN = dict(type=str2bool, nargs='?', const=True)  # a boolean flag: --flag alone means True
-
-
-def add_model_flags(p):
-    """One flag per DesignConfig field (but vocab_size, set from the data), its help the field's
-    comment in looped.py or lab/designs.py, its choices CHOICES'."""
-    helps = field_help()
-    for f in fields(DesignConfig):
-        t = str(f.type)
-        if f.name == 'vocab_size':
-            continue
-        if 'bool' in t:
-            p.add_argument(f'--{f.name}', **BOOLEAN, default=f.default, help=helps[f.name])
-        else:
-            p.add_argument(f'--{f.name}', type=float if 'float' in t else f.type, default=f.default,
-                           choices=CHOICES.get(f.name), help=helps[f.name])
-
-
-def schedule_defaults(args):
-    """nanoGPT's defaults for an unset schedule: decay over the whole run to a tenth of the rate
-    (only under --decay_lr: a run extended with --resume --decay_lr then decays over all of it)."""
-    if not args.decay_lr:
-        return
-    if args.lr_decay_iters is None:
-        args.lr_decay_iters = args.max_iters
-    if args.min_lr is None:
-        args.min_lr = args.learning_rate / 10
-    if args.lr_decay_iters <= args.warmup_iters:
-        raise ValueError(f"--lr_decay_iters={args.lr_decay_iters} must be greater than "
-                         f"--warmup_iters={args.warmup_iters}: the decay starts after the warmup")
 
 
 # ---- nanoGPT's habits: flags a nanoGPT user types from memory, each answered by train.py in one line that
@@ -177,14 +127,6 @@ def habit_error(argv):
     return None
 
 
-def given_flags(parser, argv=None):
-    """The names of the flags typed on the command line (not those from defaults or --config): a
-    resumed run takes the rest from its checkpoint."""
-    unset = object()
-    parser.set_defaults(**{a.dest: unset for a in parser._actions})
-    return {name for name, value in vars(parser.parse_args(argv)).items() if value is not unset}
-
-
 def bad_training_flag(args):
     """One line for the first training flag (not a model field: LoopedConfig checks those) whose value
     cannot work, or None."""
@@ -208,3 +150,27 @@ def bad_training_flag(args):
         if not ok:
             return f"--{name}={getattr(args, name)} must be {want}"
     return None
+
+
+class FlagParser(argparse.ArgumentParser):
+    """train.py's parser: argparse's, with each default in --help (but an unset one, whose help says what unset
+    means), every error in one line naming the program (argparse's usage block is longer than a screen here), a
+    nanoGPT habit answered in one line, flags typed whole (no abbreviations: train.py reads the typed flags from
+    argv), and add_boolean for True/False flags."""
+
+    def __init__(self, prog, description):
+        super().__init__(prog=prog, description=description, formatter_class=Help, allow_abbrev=False)
+
+    def error(self, message):
+        sys.exit(f"{self.prog}: error: {message}")
+
+    def parse_args(self, args=None, namespace=None):
+        habit = habit_error(sys.argv[1:] if args is None else args)
+        if habit:  # this repository's way, not argparse's "unrecognized arguments"
+            self.error(habit)
+        return super().parse_args(args, namespace)
+
+    def add_boolean(self, name, default, help):
+        """A flag that takes True/False/1/0, or stands alone for True; --compile also takes 'auto'."""
+        self.add_argument(name, type=compile_flag if default == 'auto' else str2bool, nargs='?', const=True,
+                          default=default, help=help)

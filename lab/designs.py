@@ -21,13 +21,16 @@ DesignedGPT computes exactly what LoopedGPT does (tests/test_designs.py), so eve
 How a design plugs in: LoopedGPT's seams, each of which does the paper's thing in looped.py, are overridden here:
 checks (the larger choices), make_stack (the layers, and those around the loop), embed (the prelude), loop_pass
 (injection, truncated backprop, the 1/K update), carry (damping), exit_input (the coda), loop_loss (per-token
-losses for the gate), training_loss (the Jacobian penalty) and, under gated supervision, forward (gated_forward:
-each loop's gate beside its loss). Adding a design: docs/usage.md, "Adding a design".
+losses for the gate) and, in training under gated supervision or the Jacobian penalty, forward (designed_forward:
+each loop's gate beside its loss, STARS's term after them). Adding a design: docs/usage.md, "Adding a design".
+
+train.py trains looped.py's LoopedGPT unless a design is asked for (designs_asked): a flag of the designs' own
+group in --help (add_design_flags) off its default, or --supervision=gated, or --recurrence=damped.
 """
 
 import math
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Optional
 
 import numpy as np
@@ -237,6 +240,10 @@ class DesignedGPT(LoopedGPT):
                     for m in (block.attn.c_proj, first, block.mlp.c_proj):
                         m.weight.mul_((8 * depth) ** -0.5)
 
+    def sampled_depth(self, seed, step):
+        """The loop count training step `step` trains at: K, or a drawn one (sampled_depth, below)."""
+        return sampled_depth(self.config, seed, step)
+
     # ---- the seams, in the order a forward pass meets them
 
     def embed(self, idx, cache=None):
@@ -281,23 +288,18 @@ class DesignedGPT(LoopedGPT):
         # gated weighs each token's cross-entropy by its own p_k
         return super().loop_loss(h, k, targets, 'none' if self.exit_gate is not None else reduction)
 
-    def training_loss(self, ces, states, e, stats):
-        """LoopedGPT's, plus the Jacobian penalty if on."""
-        return self.add_jacobian_penalty(super().training_loss(ces, states, e, stats), states[-1], e, stats)
-
     def forward(self, idx, targets=None, n_loop=None):
-        if self.exit_gate is None or targets is None:
+        if targets is None or (self.exit_gate is None and self.config.jacobian_penalty == 0):
             return super().forward(idx, targets, n_loop)
-        return self.gated_forward(idx, targets, n_loop)
+        return self.designed_forward(idx, targets, n_loop)
 
-    # ---- gated supervision and its exit gate (Ouro's)
-
-    def gated_forward(self, idx, targets, n_loop=None):
-        """forward under gated supervision: LoopedGPT's, with each loop's gate logit taken right after its
-        cross-entropy (the order the committed gate runs were trained in: the gradients that reach h_k are summed in
-        the order its uses were made, and float sums depend on it). Adds to stats 'exit_prob' and 'gate_logit'
-        (n_loop,), the mean p_k and |gate logit| (the last gate has no effect: p_K is the mass left)."""
-        K = n_loop or self.config.n_loop
+    def designed_forward(self, idx, targets, n_loop=None):
+        """forward in training under gated supervision or the Jacobian penalty: LoopedGPT's, with each loop's gate
+        logit taken right after its cross-entropy (the order the committed gate runs were trained in: the gradients
+        that reach h_k are summed in the order its uses were made, and float sums depend on it), and STARS's term
+        from h_K and e. Gated adds to stats 'exit_prob' and 'gate_logit' (n_loop,), the mean p_k and |gate logit|
+        (the last gate has no effect: p_K is the mass left)."""
+        K, gated = n_loop or self.config.n_loop, self.exit_gate is not None
         if idx.size(1) > self.config.block_size:
             raise ValueError(f"sequence of length {idx.size(1)} is longer than block_size={self.config.block_size}")
         e = self.embed(idx)
@@ -309,15 +311,20 @@ class DesignedGPT(LoopedGPT):
             else:
                 logits, ce = self.loop_loss(h, k, targets)
             ces.append(ce)
-            gates.append(self.gate_logit(h, k))                       # (B, T)
-        loss, p = self.gated_loss(ces, gates)
+            if gated:
+                gates.append(self.gate_logit(h, k))                   # (B, T)
         stats = {'hidden_norm': torch.stack([h.detach().float().norm(dim=-1).mean() for h in states]),
-                 'ce': torch.stack([ce.detach().mean() for ce in ces]),
-                 'exit_prob': p.detach().mean(dim=1),                 # (n_loop,): mean p_k
-                 'gate_logit': torch.stack(gates).detach().abs().mean(dim=(1, 2))}  # its scale
+                 'ce': torch.stack([ce.detach().mean() for ce in ces])}
+        if not gated:  # LoopedGPT's loss
+            return logits, self.add_jacobian_penalty(self.training_loss(ces, states), states[-1], e, stats), stats
+        loss, p = self.gated_loss(ces, gates)
+        stats['exit_prob'] = p.detach().mean(dim=1)                   # (n_loop,): mean p_k
+        stats['gate_logit'] = torch.stack(gates).detach().abs().mean(dim=(1, 2))  # its scale
         if self.config.norm_penalty > 0:
             loss = loss + self.norm_penalty(states)
         return logits, self.add_jacobian_penalty(loss, states[-1], e, stats), stats
+
+    # ---- gated supervision and its exit gate (Ouro's)
 
     def gate_logit(self, h, k, cache=None):
         """Loop k's exit-gate logit, (B, T, C) -> (B, T): of h_k itself ('raw', as the authors' gate, which sees the
@@ -408,3 +415,37 @@ def sampled_depth(config, seed, step):
     rng, sigma = np.random.default_rng([seed, step]), 0.5
     tau = rng.normal(math.log(K - 1) - sigma ** 2 / 2, sigma)
     return int(min(max(rng.poisson(math.exp(tau)) + 1, 1), 2 * K))
+
+
+# ---- train.py's flags of the designs: a group of their own in --help, after the paper's
+
+def add_design_flags(parser):
+    """The designs' flags, one per DesignConfig field that LoopedConfig lacks, each default DesignConfig's (the
+    paper's --supervision and --recurrence, in train.py, also take gated and damped)."""
+    g = parser.add_argument_group("the field's designs", "any of these off its default trains lab/designs.py's "
+                                  "DesignedGPT, the extension of looped.py's LoopedGPT")
+    add = lambda name, **kw: g.add_argument(name, choices=CHOICES.get(name[2:]), **kw)
+    add('--gate_input', default='raw', help="gated: the exit gate reads h_k itself (the authors') or the readout")
+    add('--gate_beta', type=float, default=0.1,
+        help='gated: beta in sum_k p_k CE_k - beta H(p); H <= ln 4 = 1.39 at K = 4')
+    add('--init', default='paper', help="the authors', GPT-2's (head untied), or paper with small embeddings")
+    add('--mlp', default='swiglu', help='SwiGLU (the paper) or GELU (GPT-2), hidden width 4d')
+    add('--injection', default='none', help='what a pass runs on: h, h + e, W [h; e], or decay * h + Delta * B e')
+    add('--n_prelude', type=int, default=0, help='unshared layers run once on the embedding, before the loop')
+    add('--n_coda', type=int, default=0, help='unshared layers between every h_k and its readout')
+    add('--block', default='prenorm', help='each sublayer x + f(norm(x)), sandwich, or deepnorm: norm(a x + f(x))')
+    add('--depth_sampling', default='fixed', help='training only: K loops every step, or a drawn count of mean K')
+    add('--residual_scale', default='none', help="inverse_k: each pass's update scaled by 1/K")
+    add('--bptt', type=int, default=0, help="the last exit's loss reaches the last bptt passes only; 0: all")
+    add('--jacobian_penalty', type=float, default=0.0, help="w in w * ||v^T J||^2, J one pass's Jacobian (STARS)")
+    add('--attention', default='sdpa', help='fused kernels (sdpa), or the same math spelled out (manual)')
+    return g
+
+
+def designs_asked(args):
+    """Whether train.py's flags ask for a design, and so for DesignedGPT: one of add_design_flags' flags off its
+    default, --supervision=gated or --recurrence=damped."""
+    paper = {f.name for f in fields(LoopedConfig)}
+    return (args.supervision not in PAPER_CHOICES['supervision']
+            or args.recurrence not in PAPER_CHOICES['recurrence']
+            or any(getattr(args, f.name) != f.default for f in fields(DesignConfig) if f.name not in paper))

@@ -149,21 +149,24 @@ def state_turn(model, x, n_loop):
 
 def design_values(model, batch, ctx):
     """What the designs that are on have learned or estimate, for the log and the eval line; and
-    for every run the turn of the state at each loop 1..2K (state_turn), for the log alone."""
+    for every run (looped.py's LoopedGPT or lab/designs.py's DesignedGPT) the turn of the state at
+    each loop 1..2K (state_turn), for the log alone."""
     model.eval()
     with torch.no_grad(), ctx:
         values = {'turn': state_turn(model, batch[0], 2 * model.config.n_loop)}
     model.train()
     if model.config.readout == 'alpha':  # how much scale the readout has chosen to see
         values['alpha'] = model.readout.norm.alpha().item()
-    if model.diagonal is not None:  # Parcae's per-channel decay of the carried state
-        decay = model.diagonal.coefficients()[1].detach()
+    diagonal, damping = getattr(model, 'diagonal', None), getattr(model, 'damping', None)
+    exit_gate, jacobian = getattr(model, 'exit_gate', None), getattr(model.config, 'jacobian_penalty', 0)
+    if diagonal is not None:  # Parcae's per-channel decay of the carried state
+        decay = diagonal.coefficients()[1].detach()
         values['decay'] = [decay.mean().item(), decay.min().item(), decay.max().item()]
-    if model.damping is not None:  # the factor the carried state is damped by between passes
-        values['damping'] = torch.sigmoid(model.damping).item()
-    if model.config.jacobian_penalty > 0 or model.exit_gate is not None:
+    if damping is not None:  # the factor the carried state is damped by between passes
+        values['damping'] = torch.sigmoid(damping).item()
+    if jacobian > 0 or exit_gate is not None:
         model.eval()  # one validation batch at K loops (STARS's estimate needs a graph)
-        with torch.set_grad_enabled(model.config.jacobian_penalty > 0), ctx:
+        with torch.set_grad_enabled(jacobian > 0), ctx:
             stats = model(*batch)[2]
         model.train()
         if 'jacobian' in stats:  # ||v^T J|| at h_K
@@ -182,6 +185,14 @@ class Report:
         self.peak = peak_flops(job.rt.device, job.rt.dtype)
         self.flops_per_token = job.raw_model.flops_per_token()
         self.t_start = self.t_last = time.time()
+
+    def design_values(self, batch):
+        """design_values (above) of the model that trains, on one validation batch."""
+        return design_values(self.job.raw_model, batch, self.job.rt.autocast)
+
+    def clock(self):
+        """The time since this report started, as 3m05s (or 1h02m)."""
+        return runs.fmt_time(time.time() - self.t_start)
 
     def eval_line(self, record):
         """'eval <step>: val loss by depth <K losses> | 2K <loss> | ||h_k|| <K norms> | 2K <n>'"""
@@ -209,7 +220,8 @@ class Report:
         dt = (now - self.t_last) / steps
         eta = (now - self.t_start) / (step - self.step_start) * (max_iters - step)
         mean = lambda xs: f"{torch.stack(xs).mean().item():.4f}" if xs else 'skipped'
-        depth = 'K' if job.config.depth_sampling == 'fixed' else 'r'  # r: this step's drawn count
+        # r: this step's drawn count, under the design --depth_sampling
+        depth = 'K' if getattr(job.config, 'depth_sampling', 'fixed') == 'fixed' else 'r'
         drawn = '' if depth == 'K' else f"r {r} | "
         skips = f" | float16 steps skipped {job.fp16_skips}" if job.fp16_skips else ''
         line = (f"step {step}/{max_iters} | loss {mean(self.losses)} | {drawn}ce_{depth} "

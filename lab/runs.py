@@ -28,7 +28,6 @@ import os
 import pickle
 import shutil
 import signal
-import sys
 import tempfile
 import time
 import warnings
@@ -36,7 +35,7 @@ from dataclasses import fields
 
 import torch
 
-from data.common import write_atomically
+from data.common import check_same_data, write_atomically
 from lab.configs import LABELS, NAMED, TAGS, variant_fields
 from lab.designs import DesignConfig, DesignedGPT
 
@@ -121,7 +120,7 @@ def run_name(config_name, values):
     return os.path.join('out', '-'.join(parts))
 
 
-class RunError(Exception):
+class RunError(ValueError):
     """A failure of the run's files (a full disk, a folder that is not writable, a log that belongs to another
     run), with a one-line message; train.py exits with it and leaves the last good checkpoint in place."""
 
@@ -168,9 +167,9 @@ class Run:
                 f"folder is named by them) or --out_dir=FOLDER{found}")
 
     def resume(self, args, given, device):
-        """(checkpoint, the model config it was trained with) for --resume. The checkpoint's model wins over
-        --config (resumed_config), and its dataset and seed over the defaults unless --dataset or --seed is typed
-        (the seed draws a sampled depth's loop counts, so a resumed run draws the same ones)."""
+        """The checkpoint for --resume, with args made to describe it: its model wins over --config
+        (resumed_flags), and its dataset and seed over the defaults unless --dataset or --seed is typed (the seed
+        draws a sampled depth's loop counts, so a resumed run draws the same ones)."""
         if not os.path.lexists(self.ckpt_path):  # a run stopped before its first save has nothing to continue
             why = ("the run there stopped before its first save; run the same command without --resume to start it "
                    "afresh" if os.path.lexists(self.log_path) else "there is no run to continue: " + self.resume_hint())
@@ -180,7 +179,25 @@ class Run:
         for name in ('dataset', 'seed', 'learning_rate', 'warmup_iters', 'decay_lr', 'lr_decay_iters', 'min_lr'):
             if name not in given:
                 setattr(args, name, ckpt['args'].get(name, getattr(args, name)))
-        return ckpt, resumed_config(ckpt, args, given)
+        resumed_flags(ckpt, args, given)
+        return ckpt
+
+    def check_data(self, ckpt, data):
+        """A resumed run continues on the data it was trained on: checked, never assumed."""
+        check_same_data(ckpt, data.meta, data.identity, self.ckpt_path)
+
+    def restore(self, ckpt, model, optimizer, scaler, data, args, rank, device_type):
+        """restore (below): weights, optimizer, GradScaler and RNG states from the checkpoint."""
+        return restore(ckpt, model, optimizer, scaler, data, args, rank, device_type)
+
+    def interrupts(self, world, say):
+        """Interrupts (below): while active, Ctrl-C and SIGTERM ask for a save at the end of the step."""
+        return Interrupts(world, say)
+
+    def kept(self):
+        """What is left after a failure: the words for the last good checkpoint, or its absence."""
+        return (f"the last good checkpoint in {self.dir} is kept" if os.path.exists(self.ckpt_path)
+                else "no checkpoint was saved yet")
 
     def holds_a_run(self):
         """A checkpoint, or a log with records in it. A log that is only a header belongs to a run stopped before
@@ -343,30 +360,17 @@ class Interrupts:
 MODEL_FLAGS = tuple(f.name for f in fields(DesignConfig) if f.name != 'vocab_size')
 
 
-def resumed_config(ckpt, args, given):
-    """The model a resumed run trains: the checkpoint's (the other flags, max_iters, intervals..., may change). A
-    model flag typed with another value is an error, and the saved args are made to describe the checkpoint's
-    model whatever --config says."""
-    config = DesignConfig(**ckpt['config'])
+def resumed_flags(ckpt, args, given):
+    """Make args describe the checkpoint's model, whatever --config says (the other flags, max_iters,
+    intervals..., may change): a model flag typed with another value is an error. A field the checkpoint lacks (a
+    design's, in a run of looped.py's model; a newer one) is at its default there."""
+    saved = {**{f.name: f.default for f in fields(DesignConfig)}, **ckpt['config']}
     for name in sorted(given & set(MODEL_FLAGS)):
-        if getattr(args, name) != getattr(config, name):
-            raise ValueError(f"--{name}={getattr(args, name)} differs from the checkpoint's {getattr(config, name)}; "
+        if getattr(args, name) != saved[name]:
+            raise ValueError(f"--{name}={getattr(args, name)} differs from the checkpoint's {saved[name]}; "
                              "a resumed run keeps its model (drop the flag, or start a new run elsewhere)")
     for name in MODEL_FLAGS:
-        setattr(args, name, getattr(config, name))
-    return config
-
-
-def checkpoint_state(raw_model, optimizer, scaler, args, step, best_val_loss, last_eval_step, record, data):
-    """What a checkpoint holds: enough to continue exactly (weights, optimizer, both RNGs) and to sample or
-    diagnose without the data folder (the config and the vocabulary). record is the last evaluation's log line,
-    so that a resumed run can restore it if a crash came between this save and the log write."""
-    return {'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(), 'scaler': scaler.state_dict(),
-            'config': raw_model.config.to_dict(),
-            'args': vars(args), 'step': step, 'best_val_loss': best_val_loss, 'last_eval_step': last_eval_step,
-            'record': record, 'meta': data.meta, 'data': data.identity,
-            'rng': {'torch': torch.get_rng_state(), 'batches': data.gen.get_state(),
-                    'cuda': torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
+        setattr(args, name, saved[name])
 
 
 def restore(ckpt, model, optimizer, scaler, data, args, rank, device_type):
@@ -392,17 +396,7 @@ def restore(ckpt, model, optimizer, scaler, data, args, rank, device_type):
     return ckpt['step'], ckpt['best_val_loss'], ckpt['last_eval_step']
 
 
-def kept(run):
-    """What is left after a failure: the words for the last good checkpoint, or its absence."""
-    return (f"the last good checkpoint in {run.dir} is kept" if os.path.exists(run.ckpt_path)
-            else "no checkpoint was saved yet")
-
-
 def fmt_time(s):
     s = int(s)
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
-
-def fail(e):
-    """Exit with train.py's one-line error."""
-    sys.exit(f"train.py: error: {e}")

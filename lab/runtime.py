@@ -24,6 +24,28 @@ class Runtime:
     def describe(self):
         return f"device: {self.device} | dtype: {self.dtype} | compile: {self.compile}"
 
+    def compile_regions(self, model):
+        """compile_regions (below): each layer and the head's loss, not the loop. Returns the model."""
+        return compile_regions(model)
+
+    def check_replicas(self, raw_model, world, say):
+        """check_replicas (below): under torchrun, every process ends with rank 0's weights."""
+        check_replicas(raw_model, world, say)
+
+    def end_distributed(self, ok):
+        """end_distributed (below): leave torchrun's process group, if any."""
+        end_distributed(ok)
+
+    def agree(self, world, loss, ce, stop):
+        """Under torchrun every process must see the same loss and stop at the same step, or they hang: one
+        all-reduce a step (of the loss, the last exit's cross-entropy and the stop flag), which a single process
+        goes without. Returns (loss, ce, stop), the losses averaged over the processes."""
+        if world == 1:
+            return loss, ce, stop
+        shared = torch.stack([loss.float(), ce.float(), torch.tensor(float(stop), device=loss.device)])
+        dist.all_reduce(shared)
+        return shared[0] / world, shared[1] / world, shared[2].item() > 0
+
 
 # Dense (no sparsity) peak TFLOP/s for MFU, from NVIDIA's datasheets: (a part of the name torch gives the
 # device, bf16, float16, float32). float32 is the TF32 tensor-core peak where the GPU has one, since
@@ -107,8 +129,11 @@ def compile_regions(model):
     serves every block and every loop count, since the loop itself stays Python), the prelude and coda, and the
     head's loss (so that float32 logits are never written). Checkpoints keep the plain weights: nothing is renamed.
     Returns the model."""
-    # torch.compile has no double backward, which the Jacobian penalty's estimate needs
-    for block in [] if model.config.jacobian_penalty > 0 else [*model.blocks, *model.prelude, *model.coda]:
+    # torch.compile has no double backward, which the Jacobian penalty's estimate needs; the prelude and coda
+    # are lab/designs.py's (looped.py's LoopedGPT has neither)
+    jacobian = getattr(model.config, 'jacobian_penalty', 0) > 0
+    around = [*getattr(model, 'prelude', []), *getattr(model, 'coda', [])]
+    for block in [] if jacobian else [*model.blocks, *around]:
         block.compile()
     # an attribute of the method's own name: every caller (loop_loss, and so forward) gets the compiled
     # one, and `del model.head_loss` brings back the plain method

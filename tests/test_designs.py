@@ -74,7 +74,7 @@ def test_every_config_field_is_a_flag_that_reaches_the_model_and_the_checkpoint(
 def test_a_default_run_is_named_by_every_variant_not_at_its_default():
     args = train.parse_args(['--readout=raw', '--injection=add', '--n_prelude=2', '--bptt=1', '--block=sandwich'])
     assert args.out_dir == os.path.join('out', 'laptop-readout_raw-injection_add-prelude2-block_sandwich-bptt1')
-    assert condition_name(train.model_config(args).to_dict()) == 'per_loop + raw + add + prelude2 + sandwich + bptt1'
+    assert condition_name(train.model_config(args)[1].to_dict()) == 'per_loop + raw + add + prelude2 + sandwich + bptt1'
 
 
 def test_the_paper_grid_is_its_ten_conditions_whatever_is_declared():
@@ -233,8 +233,9 @@ def test_training_uses_the_drawn_loop_count(small_data, tmp_path, monkeypatch):
     forward = DesignedGPT.forward
     monkeypatch.setattr(DesignedGPT, 'forward', lambda self, *a, n_loop=None, **k: (self.training and counts.append(n_loop))
                         or forward(self, *a, n_loop=n_loop, **k))
-    monkeypatch.setattr(train, 'sampled_depth', lambda config, seed, step: 1 + step % 3)
+    monkeypatch.setattr(DesignedGPT, 'sampled_depth', lambda self, seed, step: 1 + step % 3)
     train.main(['--dataset', small_data, '--out_dir', str(tmp_path / 'r'), '--n_layer=1', '--n_embd=16', '--n_head=2',
+                '--depth_sampling=poisson_lognormal',
                 '--n_loop=2', '--block_size=16', '--batch_size=2', '--eval_iters=1', '--log_interval=1',
                 '--eval_interval=100', '--max_iters=4'])
     assert counts == [1, 2, 3, 1]  # training steps only (evaluations run in eval mode, at K and 2K)

@@ -132,12 +132,12 @@ def test_a_bad_device_on_resume_does_not_call_the_checkpoint_unreadable(small_da
 
 
 def test_a_nan_before_any_save_does_not_claim_a_checkpoint(small_data, tmp_path, monkeypatch):
-    real = train.DesignedGPT.forward
+    real = train.LoopedGPT.forward
 
     def nan_loss(self, *a, **k):
         logits, loss, stats = real(self, *a, **k)
         return logits, (loss * float('nan') if self.training else loss), stats
-    monkeypatch.setattr(train.DesignedGPT, 'forward', nan_loss)
+    monkeypatch.setattr(train.LoopedGPT, 'forward', nan_loss)
     with pytest.raises(SystemExit) as e:
         run_train(small_data, tmp_path, '--max_iters=4', '--eval_interval=100')
     assert 'no checkpoint was saved yet' in str(e.value.code) and 'kept' not in str(e.value.code)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import train
+from looped import LoopedGPT
 from conftest import ROOT
 from lab import configs, runtime
 from lab import report as lab_report
@@ -131,10 +132,13 @@ def test_auto_dtype_on_cuda_is_bf16_where_the_gpu_has_it_and_float16_elsewhere(m
 
 def cpu_scaler(monkeypatch, made, init_scale):
     """A GradScaler that works on this CPU (enabled, growing every step), in place of train.py's."""
-    def make(rt):
-        made.append(torch.amp.GradScaler('cpu', init_scale=init_scale, growth_interval=1))
+    real = torch.amp.GradScaler
+    def make(device_type, enabled=True, **others):
+        if others:  # not train.py's
+            return real(device_type, enabled=enabled, **others)
+        made.append(real('cpu', init_scale=init_scale, growth_interval=1))
         return made[-1]
-    monkeypatch.setattr(train.runtime, 'grad_scaler', make)
+    monkeypatch.setattr(torch.amp, 'GradScaler', make)
 
 
 def test_the_gradscalers_state_is_saved_and_restored_with_the_checkpoint(small_data, tmp_path, monkeypatch):
@@ -161,7 +165,7 @@ def test_the_scaler_leaves_every_update_as_it_is_without_it(small_data, tmp_path
 
 
 def test_a_step_the_scaler_skips_is_not_a_divergence(small_data, tmp_path, monkeypatch, capsys):
-    made, real = [], DesignedGPT.forward
+    made, real = [], LoopedGPT.forward
     cpu_scaler(monkeypatch, made, 1024.0)
     calls = []
 
@@ -181,7 +185,7 @@ def test_a_step_the_scaler_skips_is_not_a_divergence(small_data, tmp_path, monke
             if len(calls) == 2:
                 loss = loss + Overflow.apply(self.wte.weight[0])  # the loss stays finite
         return logits, loss, stats
-    monkeypatch.setattr(DesignedGPT, 'forward', forward)
+    monkeypatch.setattr(LoopedGPT, 'forward', forward)
     out = tmp_path / 'run'
     train.main(flags(small_data, out, '--max_iters=4', '--eval_interval=4', '--log_interval=4'))
     text = capsys.readouterr().out
@@ -193,14 +197,14 @@ def test_a_step_the_scaler_skips_is_not_a_divergence(small_data, tmp_path, monke
 # ---- the progress line and the evaluation
 
 def test_the_progress_lines_loss_at_step_1_is_the_objective_trained(small_data, tmp_path, monkeypatch, capsys):
-    objectives, real = [], DesignedGPT.forward
+    objectives, real = [], LoopedGPT.forward
 
     def forward(self, idx, targets=None, n_loop=None):
         out = real(self, idx, targets, n_loop)
         if self.training and targets is not None:
             objectives.append((out[1].item(), out[2]['ce'][-1].item()))
         return out
-    monkeypatch.setattr(DesignedGPT, 'forward', forward)
+    monkeypatch.setattr(LoopedGPT, 'forward', forward)
     train.main(flags(small_data, tmp_path / 'run', '--max_iters=1', '--eval_interval=1', '--log_interval=1',
                      '--norm_penalty=0.01'))  # a penalty, so that the objective is not any one exit's loss
     line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith('step 1/1'))
@@ -320,7 +324,7 @@ def test_no_help_ends_in_default_none_and_each_unset_default_is_explained(capsys
     text = capsys.readouterr().out
     assert '(default: None)' not in text
     parser = train.get_parser()
-    parser.set_defaults(**train.configs.CONFIGS['laptop'])
+    parser.set_defaults(**train.CONFIGS['laptop'])
     for action in parser._actions:
         if action.default is None and action.option_strings and action.dest != 'help':
             assert re.search(r'unset|default', action.help), f"--{action.dest}'s help does not say what unset means"

@@ -77,7 +77,7 @@ def test_a_corrupt_checkpoint_stops_plot_norms_before_any_figure(two_runs, tmp_p
 def test_every_condition_is_named_back_from_its_flags():
     for conditions in grid.GRIDS.values():
         for name, flags in conditions.items():
-            assert grid.condition_name(train.model_config(train.parse_args(flags)).to_dict()) == name
+            assert grid.condition_name(train.model_config(train.parse_args(flags))[1].to_dict()) == name
 
 
 @pytest.mark.parametrize('content, message', [

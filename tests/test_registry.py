@@ -98,23 +98,30 @@ def test_flops_per_token_counts_each_module_by_hand():
 def test_a_choice_field_names_its_run_by_field_and_a_tag_works_on_any_field(monkeypatch):
     @dataclass
     class Trial:
-        loop_embedding: str = 'none'  # a trial design
+        trial_design: str = 'none'  # a trial design
         kind: str = 'a'  # a text field with a tag
         width: int = 0  # a number with a tag and a label
     monkeypatch.setitem(configs.TAGS, 'kind', 'kind')
     monkeypatch.setitem(configs.TAGS, 'width', 'w')
     monkeypatch.setitem(configs.LABELS, 'width', ' + width {v}')
     choice, text, number = fields(Trial)
-    assert name_part(choice, 'learned') == 'loop_embedding_learned'
+    assert name_part(choice, 'learned') == 'trial_design_learned'
     assert name_part(text, 'b') == 'kindb' and label_part(text, 'b') == ' + kindb'
     assert name_part(number, 3) == 'w3' and label_part(number, 3) == ' + width 3'
     assert label_part(choice, 'learned') == ' + learned'
 
 
-def test_every_config_field_has_a_comment_that_becomes_its_flags_help():
-    helps = configs.field_help()
+def test_every_config_field_is_a_flag_with_help_and_the_configs_default():
+    """train.py writes the paper's flags and lab/designs.py the designs' (in their own group): each field has one,
+    with help, defaulting to the field's default (tie_weights: unset, resolved by the init)."""
+    import train
+    actions = {a.dest: a for a in train.get_parser()._actions}
     for field in fields(DesignConfig):
-        assert helps.get(field.name, '').strip(), f"DesignConfig.{field.name} has no comment (its --help)"
+        if field.name == 'vocab_size':
+            continue
+        assert field.name in actions, f"DesignConfig.{field.name} has no train.py flag"
+        assert actions[field.name].help.strip(), f"--{field.name} has no help"
+        assert actions[field.name].default == field.default, field.name
 
 
 def test_run_names_and_condition_names_of_the_existing_variants():

@@ -80,7 +80,7 @@ def test_resume_continues_the_same_curve(small_data, tmp_path):
 
 
 def test_nan_loss_stops_and_keeps_last_checkpoint(small_data, tmp_path, monkeypatch):
-    original, calls = train.DesignedGPT.forward, []
+    original, calls = train.LoopedGPT.forward, []
 
     def poisoned(self, idx, targets=None, n_loop=None):
         logits, loss, stats = original(self, idx, targets, n_loop)
@@ -89,7 +89,7 @@ def test_nan_loss_stops_and_keeps_last_checkpoint(small_data, tmp_path, monkeypa
             if len(calls) == 5:
                 loss = loss * float('nan')
         return logits, loss, stats
-    monkeypatch.setattr(train.DesignedGPT, 'forward', poisoned)
+    monkeypatch.setattr(train.LoopedGPT, 'forward', poisoned)
     with pytest.raises(SystemExit) as e:
         run_train(small_data, tmp_path, '--max_iters=20', '--eval_interval=2')
     assert 'nan at step 5' in str(e.value.code) and '\n' not in str(e.value.code)
@@ -373,12 +373,13 @@ def test_readme_flags_exist_and_the_concept_table_matches_the_defaults():
     known = {opt for parser in parsers for action in parser._actions for opt in action.option_strings}
     known |= {'--standalone', '--nproc_per_node'}                         # torchrun's (not this repository's)
     known |= {'--' + name for name in configs.NANOGPT_HABITS}  # nanoGPT's, which docs/usage.md maps to these
+    known |= {'--loop_embedding'}  # the example design that docs/usage.md's "Adding a design" adds
     named = set(re.findall(r'(?<![\w-])(--[a-z][a-z0-9_]*)', readme()))
     assert named - known == set(), named - known
     table = re.findall(r'^\| `(--\w+)` \| `([^`]*)` \|', readme(), flags=re.M)
     assert len(table) >= 5, table
     parser = train.get_parser()
-    parser.set_defaults(**train.configs.CONFIGS['laptop'])
+    parser.set_defaults(**train.CONFIGS['laptop'])
     for flag, default in table:
         assert str(parser.get_default(flag[2:])) == default, (flag, default, parser.get_default(flag[2:]))
 
@@ -422,7 +423,7 @@ def test_overwrite_removes_the_old_checkpoint_before_training(finished_run, tmp_
 
     def crash(self, *a, **k):  # the first training step dies, before anything is saved
         raise RuntimeError('simulated crash')
-    monkeypatch.setattr(train.DesignedGPT, 'forward', crash)
+    monkeypatch.setattr(train.LoopedGPT, 'forward', crash)
     with pytest.raises(RuntimeError, match='simulated'):
         run_train(data, copy, '--overwrite', '--readout=raw', '--max_iters=4', '--eval_interval=100')
     assert not (copy / 'ckpt.pt').exists() and read_log(copy)[0]['config']['readout'] == 'raw'

@@ -140,10 +140,10 @@ def main(argv=None):
         write_dataset(args.out_dir, ids['train'], ids['val'], meta)
     except PrepareError as e:
         sys.exit(f"prepare.py: error: {e}")
-    from lab.designs import DesignedGPT
     from train import model_config, parse_args
     for name in ('paper_44m', 'paper_129m'):
-        with_vocab = DesignedGPT(model_config(parse_args([f'--config={name}']), meta['vocab_size']))
+        GPT, config = model_config(parse_args([f'--config={name}']), meta['vocab_size'])
+        with_vocab = GPT(config)
         print(f"{name} with this vocabulary ({meta['vocab_size']:,}): {with_vocab.num_params():,} parameters")
     print(f"done in {time.time() - t0:.0f} s -> {args.out_dir}")
 

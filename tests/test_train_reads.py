@@ -1,0 +1,166 @@
+"""train.py as a student reads it: it trains looped.py's model (an edit to looped.py reaches the run), it needs
+few names from the lab to follow, its --help lists the paper's flags before the designs', and every design flag
+still trains."""
+
+import ast
+import importlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+
+import train
+from conftest import ROOT
+from lab.designs import DesignConfig, DesignedGPT
+from looped import LoopedConfig, LoopedGPT
+
+TINY = ['--n_layer=1', '--n_embd=16', '--n_head=2', '--n_loop=2', '--block_size=16', '--batch_size=2',
+        '--eval_iters=1', '--max_iters=1', '--eval_interval=1', '--log_interval=1']
+
+
+def lab_names(source):
+    """The distinct names a script takes from lab/ and data/: each name it imports from them, and each attribute
+    it reads off a module imported from them (`from lab import runs` then `runs.Run`: runs and Run)."""
+    tree = ast.parse(source)
+    names, modules = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split('.')[0] in ('lab', 'data'):
+            for alias in node.names:
+                local = alias.asname or alias.name
+                names.add(local)
+                if isinstance(getattr(importlib.import_module(node.module), alias.name), types.ModuleType):
+                    modules.add(local)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split('.')[0] in ('lab', 'data'):
+                    names.add(alias.asname or alias.name)
+                    modules.add(alias.asname or alias.name)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules:
+            names.add(node.attr)
+    return names
+
+
+def test_train_py_takes_at_most_12_names_from_the_lab_and_data():
+    with open(os.path.join(ROOT, 'train.py')) as f:
+        names = lab_names(f.read())
+    assert len(names) <= 12, sorted(names)
+
+
+def test_the_name_count_counts_module_attributes():
+    source = "from lab import runs\nfrom data import open_dataset\nruns.Run(); runs.fail(); runs.Run"
+    assert lab_names(source) == {'runs', 'Run', 'fail', 'open_dataset'}
+
+
+def test_train_py_and_looped_py_stay_short_enough_to_read():
+    for name, most in (('train.py', 450), ('looped.py', 400)):
+        with open(os.path.join(ROOT, name)) as f:
+            lines = f.read().splitlines()
+        assert len(lines) <= most, f"{name}: {len(lines)} lines"
+        assert all(len(line) <= 100 for line in lines), f"{name} has a line over 100 characters"
+
+
+def scratch_copy(tmp_path):
+    """The repository's code in a scratch folder (no history, runs, figures or docs): edits there touch nothing."""
+    dst = tmp_path / 'repo'
+    shutil.copytree(ROOT, dst, ignore=shutil.ignore_patterns('.git', 'out', 'figures', 'notebooks', 'docs', 'tests',
+                                                             'assignments', '__pycache__', '*.bin'))
+    return dst
+
+
+def run_train(repo, small_data, *flags):
+    cmd = [sys.executable, 'train.py', '--dataset', small_data, '--out_dir', 'out/x', '--overwrite', *TINY, *flags]
+    return subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=300)
+
+
+def edit(path, old, new):
+    text = path.read_text()
+    assert text.count(old) == 1, old
+    path.write_text(text.replace(old, new))
+
+
+def parameter_count(output):
+    return int(re.search(r'([\d,]+) parameters', output).group(1).replace(',', ''))
+
+
+def test_an_edit_to_looped_py_reaches_the_default_run_and_a_design_run_still_trains(small_data, tmp_path):
+    repo = scratch_copy(tmp_path)
+    before = run_train(repo, small_data)
+    assert before.returncode == 0, before.stderr
+    assert 'LoopedGPT' in before.stdout
+    looped = repo / 'looped.py'
+    # a student's extra parameter in Block: the count train.py prints grows by it, once per layer
+    edit(looped, "        self.mlp = MLP(config)\n",
+         "        self.mlp = MLP(config)\n        self.extra = nn.Parameter(torch.zeros(7))\n")
+    after = run_train(repo, small_data)
+    assert after.returncode == 0, after.stderr
+    assert parameter_count(after.stdout) == parameter_count(before.stdout) + 7
+    # a student's configure_optimizers is the one the run calls
+    edit(looped, "        params = [p for p in self.parameters() if p.requires_grad]\n        return torch.optim",
+         "        raise RuntimeError('a student was here')\n        return torch.optim")
+    stopped = run_train(repo, small_data)
+    assert stopped.returncode != 0 and 'a student was here' in stopped.stderr
+    # the extension has its own optimizer groups, so it trains still
+    sandwich = run_train(repo, small_data, '--block=sandwich')
+    assert sandwich.returncode == 0, sandwich.stderr
+    assert 'DesignedGPT' in sandwich.stdout
+
+
+def test_help_lists_the_papers_flags_then_the_designs_in_a_group_of_their_own():
+    text = train.get_parser().format_help()
+    assert "the field's designs:" in text
+    paper, designs = text.split("the field's designs:")
+    listed = lambda flag, part: re.search(rf'\n  {flag} ', part)  # where --help describes the flag
+    for flag in ('--readout', '--norm_penalty', '--recurrence', '--supervision', '--n_loop', '--learning_rate'):
+        assert listed(flag, paper), flag
+    for flag in ('--injection', '--block', '--init', '--n_prelude', '--depth_sampling', '--jacobian_penalty'):
+        assert listed(flag, designs) and not listed(flag, paper), flag
+
+
+# one value off its default for each design flag (and the paper's flags' design values)
+DESIGN_VALUES = {'gate_input': 'readout', 'gate_beta': 0.2, 'init': 'gpt2', 'mlp': 'gelu', 'injection': 'diagonal',
+                 'n_prelude': 1, 'n_coda': 1, 'block': 'deepnorm', 'depth_sampling': 'poisson_lognormal',
+                 'residual_scale': 'inverse_k', 'bptt': 1, 'jacobian_penalty': 0.1, 'attention': 'manual',
+                 'supervision': 'gated', 'recurrence': 'damped'}
+
+
+def test_every_design_flag_is_listed_and_chooses_the_extension():
+    paper = {f.name for f in __import__('dataclasses').fields(LoopedConfig)}
+    design_fields = {f.name for f in __import__('dataclasses').fields(DesignConfig)} - paper
+    assert design_fields | {'supervision', 'recurrence'} == set(DESIGN_VALUES)
+    GPT, config = train.model_config(train.parse_args([]))
+    assert GPT is LoopedGPT and type(config) is LoopedConfig
+    for name, value in DESIGN_VALUES.items():
+        GPT, config = train.model_config(train.parse_args([f'--{name}={value}']))
+        assert GPT is DesignedGPT and getattr(config, name) == value, name
+
+
+@pytest.mark.parametrize('name', sorted(DESIGN_VALUES))
+def test_every_design_flag_trains_a_step(name):
+    """Each design flag alone builds the model train.py builds for it, and one step changes its weights."""
+    argv = [f'--{name}={DESIGN_VALUES[name]}', '--n_layer=1', '--n_embd=16', '--n_head=2', '--n_loop=2',
+            '--block_size=8']
+    GPT, config = train.model_config(train.parse_args(argv), vocab_size=11)
+    torch.manual_seed(0)
+    model = GPT(config)
+    optimizer = model.configure_optimizers(0.01, 1e-3, 'cpu')
+    x = torch.randint(11, (2, 8))
+    n_loop = model.sampled_depth(1, 0)
+    _, loss, _ = model(x, x, n_loop=n_loop)
+    assert torch.isfinite(loss), name
+    before = [p.detach().clone() for p in model.parameters()]
+    loss.backward()
+    optimizer.step()
+    assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters())), name
+
+
+@pytest.mark.parametrize('flag', ['--injection=diagonal', '--supervision=gated'])
+def test_a_design_run_trains_through_train_py(small_data, tmp_path, flag, capsys):
+    train.main(['--dataset', small_data, '--out_dir', str(tmp_path / 'r'), *TINY, flag])
+    out = capsys.readouterr().out
+    assert 'DesignedGPT' in out and 'done: 1 steps' in out
