@@ -1,5 +1,5 @@
 """Train a looped transformer LM and log the per-loop hidden-state norms that the paper is about.
-The laptop demo (2-core CPU, about 2 minutes a run); each run writes its own folder under out/:
+The laptop demo (2-core CPU: 2-4 minutes a run, 2m09s idle); each run writes its folder in out/:
     python train.py --readout=rmsnorm --norm_penalty=0  # the blind spot: ||h_K|| climbs
     python train.py --readout=raw                       # scale seen by the loss: ||h_K|| small
     python train.py --norm_penalty=0.01                 # explicit penalty
@@ -229,8 +229,7 @@ def setup(args, given):
     rt = resolve_device(args.device, args.dtype, args.compile)
     rank, world = 0, 1
     if 'RANK' in os.environ:  # torchrun: one process per GPU (NCCL), or per CPU share (gloo)
-        if not dist.is_initialized():
-            dist.init_process_group(backend='nccl' if rt.device_type == 'cuda' else 'gloo')
+        dist.init_process_group(backend='nccl' if rt.device_type == 'cuda' else 'gloo')
         if rt.device_type == 'cuda':
             rt.device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
             torch.cuda.set_device(rt.device)
@@ -238,8 +237,7 @@ def setup(args, given):
     say = print if rank == 0 else (lambda *a, **k: None)
     say(rt.describe() + (' (auto: on for CUDA only)' if args.compile == 'auto' else '')
         + (f" | data parallel: {world} processes ({dist.get_backend()})" if world > 1 else ''))
-    # no --grad_accum: one micro-step per process; --grad_accum fixes the global batch instead
-    if args.grad_accum is None:
+    if args.grad_accum is None:  # one micro-step a process; --grad_accum fixes the global batch
         micro_steps, global_batch = 1, args.batch_size * world
     elif args.grad_accum % world:
         fail(f"--grad_accum={args.grad_accum} is not a multiple of the {world} processes")
@@ -249,8 +247,7 @@ def setup(args, given):
     ckpt = run.resume(args, given, rt.device) if args.resume else None
     GPT, config = model_config(args)
     data = Data(args.dataset, config.block_size, args.batch_size, rt.device, args.seed + rank)
-    if ckpt is not None:
-        run.check_data(ckpt, data)
+    run.check_data(ckpt, data)  # a resumed run's: the data it was trained on
     config.vocab_size = data.meta['vocab_size']
     if args.epochs is not None:
         n, T = len(data.splits['train']), config.block_size
@@ -279,13 +276,11 @@ def setup(args, given):
     job.raw_model, job.optimizer = model, optimizer  # never the compiled or DDP wrapper
     if rt.compile:
         rt.compile_regions(model)  # the blocks and the loss, not the loop: any K reuses them
-    if world > 1:  # gradients are averaged across processes in backward
-        # told when a step may leave a parameter without a gradient (the norm between loops, ...)
+    if world > 1:  # gradients averaged in backward; told if a step may leave some without one
         unused = (config.may_leave_parameters_unused() if GPT is DesignedGPT else
                   config.recurrence == 'normed' or config.readout == 'final_norm')
-        cuda = rt.device_type == 'cuda'
-        model = DDP(model, device_ids=[torch.device(rt.device)] if cuda else None,
-                    find_unused_parameters=unused)
+        ids = [torch.device(rt.device)] if rt.device_type == 'cuda' else None
+        model = DDP(model, device_ids=ids, find_unused_parameters=unused)
     job.model = model
     return job
 

@@ -183,8 +183,9 @@ class Run:
         return ckpt
 
     def check_data(self, ckpt, data):
-        """A resumed run continues on the data it was trained on: checked, never assumed."""
-        check_same_data(ckpt, data.meta, data.identity, self.ckpt_path)
+        """A resumed run (ckpt not None) continues on the data it was trained on: checked, never assumed."""
+        if ckpt is not None:
+            check_same_data(ckpt, data.meta, data.identity, self.ckpt_path)
 
     def restore(self, ckpt, model, optimizer, scaler, data, args, rank, device_type):
         """restore (below): weights, optimizer, GradScaler and RNG states from the checkpoint."""
