@@ -2,9 +2,10 @@
 The lab: everything around the model that the paper's measurements need. The model is looped.py and the training
 loop train.py, at the repository's root; the tools here run from the root as `python -m lab.<tool>`.
 
-    designs        the field's looped designs, an extension of looped.py's model: DesignConfig, DesignedGPT
-    configs        the named configurations of train.py --config; its model flags, their help and run names from
-                   DesignConfig; the checks of its other flags
+    designs        the field's looped designs, an extension of looped.py's model: DesignConfig, DesignedGPT, and
+                   their train.py flags (add_design_flags; any of them on, train.py trains DesignedGPT)
+    configs        the named configurations of train.py --config; its parser (FlagParser) and the checks of its
+                   training flags; the variant fields that name runs
     engine         generation: the KV cache per layer and loop, per-sequence early exit, the exit rules
     runs           the run folder (log, checkpoint, lock, resume), loading a checkpoint, the names of runs
     runtime        device, dtype and compile (resolve_device), MFU, the torchrun process group
