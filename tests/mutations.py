@@ -88,7 +88,7 @@ MUTATIONS = [
     ("a design's loss drops the norm penalty", 'lab/designs.py',
      'return logits, self.add_jacobian_penalty(self.training_loss(ces, states), states[-1], e, stats), stats',
      'return logits, self.add_jacobian_penalty(self.supervision_loss(ces), states[-1], e, stats), stats',
-     ['tests/test_model.py::test_penalty_adds_mean_square_norm']),
+     ['tests/test_designs.py::test_the_jacobian_penalty_keeps_the_norm_penalty']),
     ('gated loss drops the norm penalty', 'lab/designs.py',
      '        if self.config.norm_penalty > 0:\n            loss = loss + self.norm_penalty(states)', '        pass',
      ['tests/test_gate.py::test_the_norm_penalty_adds_to_the_gated_loss']),

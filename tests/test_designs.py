@@ -479,3 +479,15 @@ def test_a_checkpoint_whose_parameters_are_in_another_order_is_refused_on_resume
     shuffled = OrderedDict(reversed(list(state.items())))
     with pytest.raises(ValueError, match='another order'):
         runs.restore({'model': shuffled}, model, None, None, None, None, 0, 'cpu')
+
+
+def test_the_jacobian_penalty_keeps_the_norm_penalty():
+    """Under the Jacobian penalty DesignedGPT runs its own forward (designed_forward): its loss is still looped.py's
+    training loss (the cross-entropies plus the norm penalty) plus w times the squared estimate."""
+    model = tiny(norm_penalty=0.5, jacobian_penalty=0.1)
+    x, y = tokens()
+    _, loss, stats = model(x, y)
+    states = [h for _, h in model.loops(model.embed(x), model.config.n_loop)]
+    expected = model.training_loss(list(stats['ce']), states) + 0.1 * stats['jacobian'] ** 2
+    assert model.norm_penalty(states) > 0.01
+    assert torch.allclose(loss, expected, rtol=1e-5, atol=1e-6)
