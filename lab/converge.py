@@ -272,13 +272,14 @@ COURSE_STEPS = (100, 200, 300, 400, 500, 700, 1000, 1500, 2000, 2500, 3000)
 
 
 def course_table(cells):
-    """At a few evaluation steps (the figure has every one), in every cell of 2 seeds or more: the cost at depth K and the training-loss gap,
+    """At a few evaluation steps (the figure has every one), in the convergence check's cells and any other of
+    2 seeds or more: the cost at depth K and the training-loss gap,
     mean with its 95% t interval over the seeds (unadjusted: a course, not a family)."""
     header = ['cell', 'step', 'seeds', 'cost (val): mean', '95% t interval', 'train-loss gap: mean']
     rows = []
     for lr in RATES:
         for step, cost, gap in course(cells, lr):
-            if step in COURSE_STEPS and len(cost) > 1:  # single seeds: the figure
+            if step in COURSE_STEPS and (lr in CHECKED or len(cost) > 1):  # the sweep's seed 1: the figure
                 t = paired_test(cost, MARGIN) if len(cost) > 1 else {'lo': math.nan, 'hi': math.nan}
                 rows.append([f"lr {lr}", step, len(cost), fmt_number(float(np.mean(cost))),
                              f"[{fmt_number(t['lo'])}, {fmt_number(t['hi'])}]", fmt_number(float(np.mean(gap)))])
@@ -290,17 +291,22 @@ def spearman(x, y):
     return float(np.corrcoef(rank(x), rank(y))[0, 1])
 
 
-def accounts(cells):
+PLANNED_PAIRS = len(CHECKED) * 3 + len(RATES) - len(CHECKED)  # the check's 3 seeds, the sweep's seed 1
+
+
+def accounts(cells, first_step=100):
     """The two accounts of the cost, as pre-declared (ACCOUNTS): over every seed's rmsnorm/raw pair of every
     convergence cell at every evaluation from step 100, each term's share of the cost's variance and its
     correlation with the cost; and the Spearman correlation of loop 2's turn with its gain over every K = 4
-    convergence run's evaluations from step 500. None where no pair has finished."""
-    gap, deficit, turn, gain = [], [], [], []
+    convergence run's evaluations from step 500. None where no pair has finished. first_step: 100 is the
+    pre-declared test; a later one is an exploratory reading (the warmup's transient left out)."""
+    gap, deficit, turn, gain, pairs = [], [], [], [], 0
     for lr in RATES:
         a, b = cells.get(cell(lr, 'rmsnorm'), {}), cells.get(cell(lr, 'raw'), {})
         for s in sorted(set(a) & set(b)):
+            pairs += 1
             for x, y in zip(a[s]['records'], b[s]['records']):
-                if x['step'] >= 100:
+                if x['step'] >= first_step:
                     g = x['val_loss'][0] - y['val_loss'][0]
                     gap.append(g)
                     deficit.append(x['val_loss'][3] - y['val_loss'][3] - g)
@@ -315,17 +321,21 @@ def accounts(cells):
     cost = gap + deficit
     share = lambda t: float(np.cov(t, cost)[0, 1] / cost.var(ddof=1))
     r = lambda t: float(np.corrcoef(t, cost)[0, 1])
-    out = {'points': len(cost), 'first exit': (share(gap), r(gap)), 'wasted loops': (share(deficit), r(deficit)),
+    out = {'points': len(cost), 'pairs': pairs, 'first exit': (share(gap), r(gap)), 'wasted loops': (share(deficit), r(deficit)),
            'turn': spearman(turn, gain), 'turn points': len(turn)}
     out['holds'] = {name: out[name][0] >= ACCOUNT_SHARE and out[name][1] >= ACCOUNT_R for name in ACCOUNTS}
     out['holds']['wasted loops'] = out['holds']['wasted loops'] and out['turn'] >= 0.5
     return out
 
 
-def accounts_text(acc):
+def accounts_text(acc, late=None):
     if acc is None:
         return 'No pair of convergence runs has finished yet.'
-    lines = [f"Over {acc['points']} points (every finished rmsnorm/raw pair of a convergence cell at every "
+    lines = []
+    if acc['pairs'] < PLANNED_PAIRS:
+        lines += [f"Provisional: {acc['pairs']} of the {PLANNED_PAIRS} pairs planned before the best rates "
+                  "have finished; the accounts' verdicts below are readings until they all have.", '']
+    lines += [f"Over {acc['points']} points (every finished rmsnorm/raw pair of a convergence cell at every "
              f"evaluation from step 100), cost = first-exit gap + gain deficit exactly; each term's share of the "
              f"cost's variance and its Pearson r with the cost (an account holds at share >= {ACCOUNT_SHARE:g} "
              f"and r >= {ACCOUNT_R:g}):", '']
@@ -338,6 +348,10 @@ def accounts_text(acc):
     lines += [f"- the {name} account: {'holds' if acc['holds'][name] else 'does not hold'}" for name in ACCOUNTS]
     if not any(acc['holds'].values()):
         lines.append('- neither account holds: the data name no mechanism')
+    if late is not None:
+        lines += ['', f"Exploratory, not pre-declared: the same from step 500, the warmup's transient left out "
+                  f"({late['points']} points): " + ', '.join(f"{name} share {late[name][0]:.2f}, r "
+                                                              f"{late[name][1]:+.2f}" for name in ACCOUNTS)]
     return '\n'.join(lines)
 
 
@@ -367,7 +381,7 @@ def prediction_checks(cells, families, acc):
                                              lambda r: r['verdict'] == 'higher' and 0.03 <= r['mean'] <= 0.10),
         'control rmsnorm + normed': verdict(byrow(ctrl, 1), lambda r: r['verdict'] == 'lower' and r['mean'] < -0.02),
         'control normed against raw': verdict(byrow(ctrl, 2), lambda r: r['verdict'] == 'not resolved'),
-        'accounts': ('not measured yet', None) if acc is None else (
+        'accounts': ('not measured yet', None) if acc is None or acc['pairs'] < PLANNED_PAIRS else (
             ', '.join(f"{n} {'holds' if h else 'does not hold'}" for n, h in acc['holds'].items()),
             acc['holds']['first exit'] and not acc['holds']['wasted loops']),
     }
@@ -420,7 +434,8 @@ def tables(runs):
                  "number in brackets)\n\n" + sweep_table(cells))
     parts.append("## The cost's course over training (fig_course.png has every evaluation)\n\n"
                  + course_table(cells))
-    parts.append("## The mechanism: two accounts, pre-declared\n\n" + accounts_text(acc))
+    parts.append("## The mechanism: two accounts, pre-declared\n\n"
+                 + accounts_text(acc, accounts(cells, first_step=500)))
     parts.append("## Every prediction, checked\n\n" + prediction_checks(cells, families, acc))
     if notes:
         parts.append('Not finished (left out): ' + '; '.join(notes))

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import ROOT
 import plot_norms
-from lab import atlas, cost, norm_course, verdicts
+from lab import atlas, converge, cost, norm_course, verdicts
 
 DOCS = os.path.join(ROOT, 'docs', 'results.md')
 SECTION = '## Every committed table and its logs'
@@ -24,10 +24,11 @@ REBUILT = {
     'figures/laptop_10k': "python -m lab.norm_course 'figures/laptop_10k/runs/*' --fig_dir=figures/laptop_10k",
     'figures/verdicts': "python -m lab.verdicts --fig_dir=figures/verdicts",
     'figures/cost': "python -m lab.cost 'figures/cost/runs/*' --fig_dir=figures/cost",
+    'figures/converge': "python -m lab.converge 'figures/converge/runs/*' --fig_dir=figures/converge",
     'figures/laptop': "python plot_norms.py 'figures/laptop/runs/*' --fig_dir=figures/laptop --exit_windows=0",
 }
 TOOLS = {'lab.atlas': atlas.main, 'lab.norm_course': norm_course.main, 'plot_norms.py': plot_norms.main,
-         'lab.verdicts': verdicts.main, 'lab.cost': cost.main}
+         'lab.verdicts': verdicts.main, 'lab.cost': cost.main, 'lab.converge': converge.main}
 # the tables no committed log backs: their runs' folders (out/) or checkpoints were never committed; the docs'
 # section gives each one's reason and the command that trains its runs again
 LOGLESS = [
