@@ -307,7 +307,7 @@ class LoopedGPT(nn.Module):
             return torch.stack(ces).mean()
         return ces[-1]
 
-    def norm_penalty(self, states):
+    def penalty_loss(self, states):
         """lambda * mean over loops of mean(h_k^2), on the states h_1..h_K that loops() yields
         (before any inter-loop norm, as in the paper). Its gradient is purely radial."""
         mean_squares = torch.stack([h.float().pow(2).mean() for h in states])  # (K,)
@@ -318,7 +318,7 @@ class LoopedGPT(nn.Module):
         states h_1..h_K if it is on."""
         loss = self.supervision_loss(ces)
         if self.config.norm_penalty > 0:
-            loss = loss + self.norm_penalty(states)
+            loss = loss + self.penalty_loss(states)
         return loss
 
     def forward(self, idx, targets=None, n_loop=None):

@@ -172,7 +172,7 @@ def steps_from_epochs(epochs, n_tokens, block_size, global_batch):
     return math.ceil(epochs * windows / global_batch), windows
 
 
-def learning_rate(args, step):
+def get_lr(args, step):
     """The rate of optimizer step `step` (0-based): a linear warmup, then constant (the paper) or
     nanoGPT's cosine down to min_lr (--decay_lr); the step alone decides it (a resume continues)."""
     lr, warmup = args.learning_rate, args.warmup_iters
@@ -372,7 +372,7 @@ def train(job, interrupts):
         if job.step >= args.max_iters:
             break
         for group in job.optimizer.param_groups:
-            group['lr'] = learning_rate(args, job.step)
+            group['lr'] = get_lr(args, job.step)
         # K loops, or the count a design draws for this step (--depth_sampling)
         designed = isinstance(job.raw_model, DesignedGPT)
         n_loop = job.raw_model.sampled_depth(args.seed, job.step) if designed else K

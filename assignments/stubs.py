@@ -17,7 +17,7 @@ ASSIGNMENTS = {
     'a4': ('Dense versus terminal supervision',
            ['looped.py::LoopedGPT.supervision_loss']),
     'a5': ('The norm penalty, and the blind spot in training',
-           ['looped.py::LoopedGPT.norm_penalty']),
+           ['looped.py::LoopedGPT.penalty_loss']),
     'a6': ('The alpha readout',
            ['looped.py::AlphaNorm.forward']),
     'a7': ('Calibrated early exit',

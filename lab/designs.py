@@ -321,7 +321,7 @@ class DesignedGPT(LoopedGPT):
         stats['exit_prob'] = p.detach().mean(dim=1)                   # (n_loop,): mean p_k
         stats['gate_logit'] = torch.stack(gates).detach().abs().mean(dim=(1, 2))  # its scale
         if self.config.norm_penalty > 0:
-            loss = loss + self.norm_penalty(states)
+            loss = loss + self.penalty_loss(states)
         return logits, self.add_jacobian_penalty(loss, states[-1], e, stats), stats
 
     # ---- gated supervision and its exit gate (Ouro's)

@@ -371,7 +371,7 @@ def radial_gradient(model, x, y, K):
         ces.append(F.nll_loss(F.log_softmax(model.lm_head(y_k).float(), -1).flatten(0, 1), y.flatten()))
     objective = model.supervision_loss(ces)  # the loss training actually follows, penalty included
     if model.config.norm_penalty > 0:
-        objective = objective + model.norm_penalty(states)
+        objective = objective + model.penalty_loss(states)
     # 'own CE': loop k's cross-entropy through its readout alone; 'training': the whole objective, which also
     # reaches h_k through the later loops
     direct = [torch.autograd.grad(ce, [s, n], retain_graph=True) for ce, s, n in zip(ces, states, normed)]

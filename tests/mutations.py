@@ -90,7 +90,7 @@ MUTATIONS = [
      'return logits, self.add_jacobian_penalty(self.supervision_loss(ces), states[-1], e, stats), stats',
      ['tests/test_designs.py::test_the_jacobian_penalty_keeps_the_norm_penalty']),
     ('gated loss drops the norm penalty', 'lab/designs.py',
-     '        if self.config.norm_penalty > 0:\n            loss = loss + self.norm_penalty(states)', '        pass',
+     '        if self.config.norm_penalty > 0:\n            loss = loss + self.penalty_loss(states)', '        pass',
      ['tests/test_gate.py::test_the_norm_penalty_adds_to_the_gated_loss']),
     ('gated loss drops the jacobian penalty', 'lab/designs.py',
      'return logits, self.add_jacobian_penalty(loss, states[-1], e, stats), stats', 'return logits, loss, stats',

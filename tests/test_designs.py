@@ -489,5 +489,5 @@ def test_the_jacobian_penalty_keeps_the_norm_penalty():
     _, loss, stats = model(x, y)
     states = [h for _, h in model.loops(model.embed(x), model.config.n_loop)]
     expected = model.training_loss(list(stats['ce']), states) + 0.1 * stats['jacobian'] ** 2
-    assert model.norm_penalty(states) > 0.01
+    assert model.penalty_loss(states) > 0.01
     assert torch.allclose(loss, expected, rtol=1e-5, atol=1e-6)

@@ -159,7 +159,7 @@ MUTATIONS = [
      '''            return torch.stack(ces).mean()
         return ces[-1]''', '''            return torch.stack(ces).mean()
         return ces[-1].detach().requires_grad_()'''),
-    # ---- A5: LoopedGPT.norm_penalty ----
+    # ---- A5: LoopedGPT.penalty_loss ----
     ('a5', 'looped.py', 'squared L2 norm instead of the mean square',
      '[h.float().pow(2).mean() for h in states]', '[h.float().pow(2).sum() for h in states]'),
     ('a5', 'looped.py', 'sum over loops instead of the mean',
