@@ -387,7 +387,7 @@ def prediction_checks(cells, families, acc):
     }
     crossings = []
     for lr in CHECKED:
-        points = [(step, float(np.mean(c))) for step, c, _ in course(cells, lr)]
+        points = [(step, float(np.mean(c))) for step, c, _ in course(cells, lr) if step >= 100]  # not init
         if points:
             first = next((step for step, m in points if m > 0), None)
             crossings.append((lr, points[0][1], first))
