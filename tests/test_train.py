@@ -19,6 +19,7 @@ from lab import diagnose
 import faults
 from lab import matched_depth
 from lab import norm_course
+from lab import converge
 import plot_norms
 import sample
 import train
@@ -362,7 +363,7 @@ def test_readme_flags_exist_and_the_concept_table_matches_the_defaults():
     sys.path.insert(0, os.path.join(ROOT, 'assignments'))
     parsers = [train.get_parser(), sample.get_parser(), diagnose.get_parser(), plot_norms.get_parser(),
                bench.own_parser(), faults.get_parser(), matched_depth.get_parser(), atlas.get_parser(),
-               norm_course.get_parser()]
+               norm_course.get_parser(), converge.get_parser()]
     parsers += [importlib.import_module(m).get_parser() for m in ('lab.compare', 'data.shakespeare_char.prepare', 'data.shakespeare.prepare',
                 'data.wikitext103.prepare', 'make_student', 'check_answers', 'mutations',
                 'test_pinned_math')]
