@@ -81,6 +81,11 @@ def converge_grid():
 GRID = converge_grid()
 
 
+def rate(run):
+    """A run's learning rate as the grid writes it: 0.001 -> '1e-3'."""
+    return f"{run['config']['learning_rate']:.0e}".replace('e-0', 'e-')
+
+
 def best_rates(runs):
     """{readout: its best rate}: the rate whose seed-1 K = 4 run ends lowest at depth K, among runs that reached
     the last step; None until every rate's seed-1 run of both readouts has."""
@@ -88,8 +93,7 @@ def best_rates(runs):
     for run in runs:
         c, m = run['config'], run['config']['model']
         if c['seed'] == 1 and c.get('decay_lr') and m['n_loop'] == 4 and run['records'][-1]['step'] >= STEPS:
-            lr = f"{c['learning_rate']:.0e}".replace('e-0', 'e-')
-            final[m['readout'], lr] = run['records'][-1]['val_loss'][3]
+            final[m['readout'], rate(run)] = run['records'][-1]['val_loss'][3]
     if len(final) < len(RATES) * len(READOUTS):
         return None
     return {ro: min(RATES, key=lambda lr: final[ro, lr]) for ro in READOUTS}
@@ -161,11 +165,6 @@ PREDICTIONS = {
 
 
 # ---- reading the runs back: cells, pairs, families
-
-def rate(run):
-    """A run's learning rate as the grid writes it: 0.001 -> '1e-3'."""
-    return f"{run['config']['learning_rate']:.0e}".replace('e-0', 'e-')
-
 
 def cell_of(run):
     """The cell a run belongs to, from its log's config: 'L4-cos-lr1e-3-K4 + rmsnorm' for the convergence
