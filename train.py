@@ -245,10 +245,9 @@ def setup(args, given):
         micro_steps, global_batch = args.grad_accum // world, args.batch_size * args.grad_accum
     run = Run(args.out_dir)  # a resumed run keeps its model and data, whatever the flags' defaults
     ckpt = run.resume(args, given, rt.device) if args.resume else None
-    GPT, config = model_config(args)
-    data = Data(args.dataset, config.block_size, args.batch_size, rt.device, args.seed + rank)
+    data = Data(args.dataset, args.block_size, args.batch_size, rt.device, args.seed + rank)
     run.check_data(ckpt, data)  # a resumed run's: the data it was trained on
-    config.vocab_size = data.meta['vocab_size']
+    GPT, config = model_config(args, vocab_size=data.meta['vocab_size'])
     if args.epochs is not None:
         n, T = len(data.splits['train']), config.block_size
         args.max_iters, windows = steps_from_epochs(args.epochs, n, T, global_batch)
