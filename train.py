@@ -223,6 +223,30 @@ class Job:
                 'meta': self.data.meta, 'data': self.data.identity, 'rng': rng}, self.step)
 
 
+def build_model(job, GPT):
+    """The model and its optimizer, fresh or from the checkpoint, compiled and wrapped as asked."""
+    args, rt, config, ckpt = job.args, job.rt, job.config, job.ckpt
+    torch.manual_seed(args.seed)
+    model = GPT(config).to(rt.device)
+    optimizer = model.configure_optimizers(args.weight_decay, args.learning_rate, rt.device_type)
+    # float16's loss scaling, so that small gradients do not flush to 0; else a pass-through
+    job.scaler = torch.amp.GradScaler(rt.device_type, enabled=(rt.dtype == 'float16'))
+    if ckpt is not None:
+        job.step, job.best_val_loss, job.last_eval_step = job.run.restore(
+            ckpt, model, optimizer, job.scaler, job.data, args, job.rank, rt.device_type)
+        job.last_record = ckpt.get('record')
+        job.say(f"resuming {args.out_dir} at step {job.step} (model config from the checkpoint)")
+    job.raw_model, job.optimizer = model, optimizer  # never the compiled or DDP wrapper
+    if rt.compile:
+        rt.compile_regions(model)  # the blocks and the loss, not the loop: any K reuses them
+    if job.world > 1:  # gradients averaged in backward; told if a step may leave some without one
+        unused = (config.may_leave_parameters_unused() if GPT is DesignedGPT else
+                  config.recurrence == 'normed' or config.readout == 'final_norm')
+        ids = [torch.device(rt.device)] if rt.device_type == 'cuda' else None
+        model = DDP(model, device_ids=ids, find_unused_parameters=unused)
+    job.model = model
+
+
 def setup(args, given):
     """The run's device, processes, folder, data, model and optimizer, all checked before out_dir is
     touched: bad input never harms an earlier run."""
@@ -261,26 +285,7 @@ def setup(args, given):
                  f"--warmup_iters={args.warmup_iters}: the decay starts after the warmup")
     run.check(args.resume, args.overwrite)
     job = Job(args, rt, rank, say, world, micro_steps, global_batch, run, ckpt, config, data)
-    # ---- the model and its optimizer, fresh or from the checkpoint, compiled and wrapped as asked
-    torch.manual_seed(args.seed)
-    model = GPT(config).to(rt.device)
-    optimizer = model.configure_optimizers(args.weight_decay, args.learning_rate, rt.device_type)
-    # float16's loss scaling, so that small gradients do not flush to 0; else a pass-through
-    job.scaler = torch.amp.GradScaler(rt.device_type, enabled=(rt.dtype == 'float16'))
-    if ckpt is not None:
-        job.step, job.best_val_loss, job.last_eval_step = job.run.restore(
-            ckpt, model, optimizer, job.scaler, data, args, rank, rt.device_type)
-        job.last_record = ckpt.get('record')
-        job.say(f"resuming {args.out_dir} at step {job.step} (model config from the checkpoint)")
-    job.raw_model, job.optimizer = model, optimizer  # never the compiled or DDP wrapper
-    if rt.compile:
-        rt.compile_regions(model)  # the blocks and the loss, not the loop: any K reuses them
-    if world > 1:  # gradients averaged in backward; told if a step may leave some without one
-        unused = (config.may_leave_parameters_unused() if GPT is DesignedGPT else
-                  config.recurrence == 'normed' or config.readout == 'final_norm')
-        ids = [torch.device(rt.device)] if rt.device_type == 'cuda' else None
-        model = DDP(model, device_ids=ids, find_unused_parameters=unused)
-    job.model = model
+    build_model(job, GPT)
     return job
 
 
