@@ -381,8 +381,9 @@ def prediction_checks(cells, families, acc):
         'control rmsnorm + normed': verdict(byrow(ctrl, 1), lambda r: r['verdict'] == 'lower' and r['mean'] < -0.02),
         'control normed against raw': verdict(byrow(ctrl, 2), lambda r: r['verdict'] == 'not resolved'),
         'accounts': ('not measured yet', None) if acc is None or acc['pairs'] < PLANNED_PAIRS else (
-            ', '.join(f"{n} {'holds' if h else 'does not hold'}" for n, h in acc['holds'].items()),
-            acc['holds']['first exit'] and not acc['holds']['wasted loops']),
+            ', '.join(f"{n} {'holds' if h else 'does not hold'}" for n, h in acc['holds'].items())
+            + f", the turn against the gain: Spearman {acc['turn']:+.2f}",
+            acc['holds']['first exit'] and not acc['holds']['wasted loops'] and acc['turn'] < 0.5),
     }
     crossings = []
     for lr in CHECKED:

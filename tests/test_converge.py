@@ -147,10 +147,13 @@ def test_the_course_and_the_two_accounts_match_a_hand_computation(tmp_path):
     assert 'Provisional: 3 of the 9 pairs' in converge.accounts_text(converge.accounts(few))
     late = converge.accounts(cells, first_step=500)
     assert late['points'] == 26 * 11 and late['first exit'] == pytest.approx((0.75, 1.0))
-    checks = converge.prediction_checks(cells, [converge.converged_rows(cells), converge.best_rows(cells),
-                                                converge.control_rows(cells)], acc)
+    families = [converge.converged_rows(cells), converge.best_rows(cells), converge.control_rows(cells)]
+    checks = converge.prediction_checks(cells, families, acc)
     lines = dict(line[2:].split(': ', 1) for line in checks.splitlines())
-    assert lines['accounts'].startswith('met.')
+    assert acc['turn'] < 0.5 and lines['accounts'].startswith('met.')
+    # the prediction names the turn too: a turn that predicts loop 2's gain (Spearman >= 0.5) misses it
+    turned = converge.prediction_checks(cells, families, dict(acc, turn=0.9))
+    assert '- accounts: missed.' in turned and 'Spearman +0.90' in turned
     # u < 0 at step 100 and first above 0 at step 500: the course crosses 0 before step 1,000
     assert lines['course'].startswith('met.') and 'first above 0 at step 500' in lines['course']
     assert lines['converged cost lr 1e-3'].startswith('missed.')  # +0.502 is above the predicted +0.148
