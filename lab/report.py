@@ -55,10 +55,13 @@ def pyplot():
 
 def save_figure(fig, path, dpi=130):
     """Lay fig out, write it as a PNG at path and as an SVG beside it (the same name, .svg: for papers and slides),
-    each atomically, then close it. Returns path."""
+    each atomically, then close it. Returns path. No date and fixed SVG ids: the same logs give the same bytes,
+    so rebuilding a committed figure shows no change unless its data changed."""
     fig.tight_layout()
     write_atomically(path, lambda f: fig.savefig(f, format='png', dpi=dpi))
-    write_atomically(os.path.splitext(path)[0] + '.svg', lambda f: fig.savefig(f, format='svg'))
+    with pyplot().rc_context({'svg.hashsalt': 'looped'}):
+        write_atomically(os.path.splitext(path)[0] + '.svg',
+                         lambda f: fig.savefig(f, format='svg', metadata={'Date': None}))
     pyplot().close(fig)
     return path
 

@@ -81,6 +81,13 @@ def test_save_figure_writes_a_png_and_an_svg_beside_it_and_closes_the_figure(tmp
     assert not plt.fignum_exists(fig.number)
 
 
+def test_save_figure_writes_the_same_bytes_for_the_same_figure_so_a_rebuild_shows_no_change(tmp_path):
+    for name in ('a', 'b'):
+        report.save_figure(small_figure()[1], str(tmp_path / name / 'fig.png'), dpi=50)
+    for ext in ('png', 'svg'):
+        assert (tmp_path / 'a' / f'fig.{ext}').read_bytes() == (tmp_path / 'b' / f'fig.{ext}').read_bytes()
+
+
 def test_save_figure_replaces_planted_links_and_leaves_their_targets_alone(tmp_path):
     victim = tmp_path / 'victim'
     victim.write_text('precious\n')
