@@ -285,6 +285,33 @@ def course_table(cells):
     return markdown(header, rows)
 
 
+def split_table(cells):
+    """At the last step, per convergence cell with a finished pair: the cost at depth K split exactly into the
+    first-exit gap (L^rms_1 - L^raw_1) and the gain deficit (G^raw - G^rms, G = L_1 - L_K), each the mean over
+    the pairs with its 95% t interval (unadjusted: a reading, not a family), and each readout's gain G."""
+    header = ['cell', 'pairs', 'cost at K', 'first-exit gap', 'gain deficit', 'gain L_1 - L_K: rmsnorm, raw']
+    rows = []
+    for lr in RATES:
+        a, b = cells.get(cell(lr, 'rmsnorm'), {}), cells.get(cell(lr, 'raw'), {})
+        seeds = sorted(set(a) & set(b))
+        if not seeds:
+            continue
+        loss = lambda run, depth: last(run)['val_loss'][depth - 1]
+        gain = {ro: [loss(runs[s], 1) - loss(runs[s], 4) for s in seeds] for ro, runs in (('rms', a), ('raw', b))}
+        gap = [loss(a[s], 1) - loss(b[s], 1) for s in seeds]
+        deficit = [g - h for g, h in zip(gain['raw'], gain['rms'])]
+        cost = [x + y for x, y in zip(gap, deficit)]
+
+        def shown(values):
+            if len(values) < 2:
+                return fmt_number(values[0]) + ' (one pair)'
+            t = paired_test(values, MARGIN)
+            return f"{fmt_number(t['mean'])} [{fmt_number(t['lo'])}, {fmt_number(t['hi'])}]"
+        rows.append([f"lr {lr}", len(seeds), shown(cost), shown(gap), shown(deficit),
+                     f"{np.mean(gain['rms']):+.3f}, {np.mean(gain['raw']):+.3f}"])
+    return markdown(header, rows)
+
+
 def spearman(x, y):
     rank = lambda v: np.argsort(np.argsort(v)).astype(float)
     return float(np.corrcoef(rank(x), rank(y))[0, 1])
@@ -436,6 +463,8 @@ def tables(runs):
                  + course_table(cells))
     parts.append("## The mechanism: two accounts, pre-declared\n\n"
                  + accounts_text(acc, accounts(cells, first_step=500)))
+    parts.append(f"## The cost at step {STEPS:,}, split exactly: cost = first-exit gap + gain deficit (a "
+                 "reading: intervals unadjusted, not a family)\n\n" + split_table(cells))
     parts.append("## Every prediction, checked\n\n" + prediction_checks(cells, families, acc))
     if notes:
         parts.append('Not finished (left out): ' + '; '.join(notes))

@@ -154,6 +154,10 @@ def test_the_course_and_the_two_accounts_match_a_hand_computation(tmp_path):
     # the prediction names the turn too: a turn that predicts loop 2's gain (Spearman >= 0.5) misses it
     turned = converge.prediction_checks(cells, families, dict(acc, turn=0.9))
     assert '- accounts: missed.' in turned and 'Spearman +0.90' in turned
+    # at the last step the split reads the same three quarters and a quarter; a single pair has no interval
+    split = converge.split_table(cells)
+    assert '| lr 5e-4 | 1 | +0.501 (one pair) | +0.376 (one pair) | +0.125 (one pair) | +0.175, +0.300 |' in split
+    assert '| lr 1e-3 | 3 | +0.502 [+0.500, +0.504] | +0.377 [+0.375, +0.378] |' in split
     # u < 0 at step 100 and first above 0 at step 500: the course crosses 0 before step 1,000
     assert lines['course'].startswith('met.') and 'first above 0 at step 500' in lines['course']
     assert lines['converged cost lr 1e-3'].startswith('missed.')  # +0.502 is above the predicted +0.148
