@@ -79,17 +79,25 @@ def check_writable(path):
     while not os.path.exists(folder):  # folders the probe creates, removed again: a check leaves nothing behind
         missing.append(folder)
         folder = os.path.dirname(folder)
+    probe = f"{path}.probe{os.getpid()}"  # one per process: two workers started together do not collide
     try:
-        os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
-        with open_new(path + '.probe'):
-            pass
-        os.remove(path + '.probe')
+        for attempt in range(3):  # another process's check may remove a folder this one has just made
+            os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
+            try:
+                with open_new(probe):
+                    break
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise
+        os.remove(probe)
     except OSError as e:
         raise ValueError(f"cannot write {path} ({e.strerror or e})") from None
     finally:
         for created in missing:  # deepest first
-            if os.path.isdir(created) and not os.listdir(created):
-                os.rmdir(created)
+            try:
+                os.rmdir(created)  # only an empty folder goes: one another process is using stays
+            except OSError:
+                pass
 
 
 def _fetch(url, path, timeout):

@@ -34,6 +34,26 @@ def test_a_failed_check_leaves_no_folder_behind(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ['file']
 
 
+def test_two_checks_at_once_neither_fails_and_the_other_workers_folder_stays(tmp_path, monkeypatch):
+    """Two workers started together check the same new folder: one's probe may sit in the folder the other
+    made, or the other may remove that folder between this one's makedirs and its probe."""
+    from data import common
+    target = tmp_path / 'figs' / 'table.md'
+    real = common.open_new
+    calls = []
+
+    def racing(path):
+        calls.append(path)
+        if len(calls) == 1:  # the other worker's check has just removed the empty folder
+            os.rmdir(target.parent)
+        elif len(calls) == 2:  # and now it writes its own probe there while this one runs
+            (target.parent / 'table.md.probe999').write_text('')
+        return real(path)
+    monkeypatch.setattr(common, 'open_new', racing)
+    check_writable(str(target))
+    assert len(calls) == 2 and os.listdir(target.parent) == ['table.md.probe999']
+
+
 @pytest.fixture(scope='module')
 def run_dir(tmp_path_factory):
     data = tmp_path_factory.mktemp('data')
