@@ -473,13 +473,17 @@ def tables(runs):
 
 # ---- the figures
 
+ZOOM_FROM = 200  # the course figure's y range fits the steps from here: the first steps' tens of nats hide the rest
+
+
 def course_figure(cells, path):
     """fig_course.png: rmsnorm - raw at depth K over training, per convergence cell: the mean over seeds and
     its 95% t interval at every evaluation (seeds alone, dashed, where a cell has one); right, the same for the
-    training loss."""
+    training loss. The y range fits the steps from ZOOM_FROM on; the earlier points run off the bottom."""
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.4), sharey=True)
     colors = plt.rcParams['axes.prop_cycle'].by_key()['color']
+    later = [-MARGIN, MARGIN]  # every plotted value from ZOOM_FROM on, for the y range
     for i, lr in enumerate(RATES):
         points = course(cells, lr)
         if not points:
@@ -491,10 +495,12 @@ def course_figure(cells, path):
             n = len(values[0])
             label = f"lr {lr} ({n} seed{'s' if n > 1 else ''})"
             ax.plot(steps, mean, '-' if n > 1 else '--', color=colors[i], label=label)
+            later += [m for step, m in zip(steps, mean) if step >= ZOOM_FROM]
             if n > 1:
                 tests = [paired_test(v, MARGIN) for v in values]
                 ax.fill_between(steps, [t['lo'] for t in tests], [t['hi'] for t in tests], color=colors[i],
                                 alpha=0.2)
+                later += [x for step, t in zip(steps, tests) if step >= ZOOM_FROM for x in (t['lo'], t['hi'])]
     for ax, what in zip(axes, ('validation', 'training')):
         ax.axhspan(-MARGIN, MARGIN, color='grey', alpha=0.2)
         ax.axhline(0, color='grey', lw=0.8)
@@ -502,7 +508,9 @@ def course_figure(cells, path):
         ax.title.set_fontsize(10)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
-    axes[0].set_ylabel('nats (grey band: the margin)')
+    pad = 0.1 * (max(later) - min(later))
+    axes[0].set_ylim(min(later) - pad, max(later) + pad)
+    axes[0].set_ylabel(f'nats (grey band: the margin; before step {ZOOM_FROM} off the scale)')
     return save_figure(fig, path)
 
 
