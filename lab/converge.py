@@ -285,10 +285,25 @@ def course_table(cells):
     return markdown(header, rows)
 
 
+def split(rms, raw):
+    """One evaluation of an rmsnorm/raw pair (K = 4): (first-exit gap L^rms_1 - L^raw_1, gain deficit
+    G^raw - G^rms with G = L_1 - L_4); the two sum to the cost at depth K exactly."""
+    gap = rms['val_loss'][0] - raw['val_loss'][0]
+    return gap, rms['val_loss'][3] - raw['val_loss'][3] - gap
+
+
+def interval_text(values):
+    """'+0.214 [+0.194, +0.234]': the mean and its 95% t interval; one value alone is marked so."""
+    if len(values) < 2:
+        return fmt_number(values[0]) + ' (one pair)'
+    t = paired_test(values, MARGIN)
+    return f"{fmt_number(t['mean'])} [{fmt_number(t['lo'])}, {fmt_number(t['hi'])}]"
+
+
 def split_table(cells):
-    """At the last step, per convergence cell with a finished pair: the cost at depth K split exactly into the
-    first-exit gap (L^rms_1 - L^raw_1) and the gain deficit (G^raw - G^rms, G = L_1 - L_K), each the mean over
-    the pairs with its 95% t interval (unadjusted: a reading, not a family), and each readout's gain G."""
+    """At the last step, per convergence cell with a finished pair: the cost at depth K split exactly (split)
+    into the first-exit gap and the gain deficit, each the mean over the pairs with its 95% t interval
+    (unadjusted: a reading, not a family), and each readout's gain L_1 - L_K."""
     header = ['cell', 'pairs', 'cost at K', 'first-exit gap', 'gain deficit', 'gain L_1 - L_K: rmsnorm, raw']
     rows = []
     for lr in RATES:
@@ -296,19 +311,11 @@ def split_table(cells):
         seeds = sorted(set(a) & set(b))
         if not seeds:
             continue
-        loss = lambda run, depth: last(run)['val_loss'][depth - 1]
-        gain = {ro: [loss(runs[s], 1) - loss(runs[s], 4) for s in seeds] for ro, runs in (('rms', a), ('raw', b))}
-        gap = [loss(a[s], 1) - loss(b[s], 1) for s in seeds]
-        deficit = [g - h for g, h in zip(gain['raw'], gain['rms'])]
-        cost = [x + y for x, y in zip(gap, deficit)]
-
-        def shown(values):
-            if len(values) < 2:
-                return fmt_number(values[0]) + ' (one pair)'
-            t = paired_test(values, MARGIN)
-            return f"{fmt_number(t['mean'])} [{fmt_number(t['lo'])}, {fmt_number(t['hi'])}]"
-        rows.append([f"lr {lr}", len(seeds), shown(cost), shown(gap), shown(deficit),
-                     f"{np.mean(gain['rms']):+.3f}, {np.mean(gain['raw']):+.3f}"])
+        gap, deficit = zip(*[split(last(a[s]), last(b[s])) for s in seeds])
+        cost = [g + d for g, d in zip(gap, deficit)]
+        gain = lambda runs: np.mean([last(runs[s])['val_loss'][0] - at_k(runs[s]) for s in seeds])
+        rows.append([f"lr {lr}", len(seeds), interval_text(cost), interval_text(gap), interval_text(deficit),
+                     f"{gain(a):+.3f}, {gain(b):+.3f}"])
     return markdown(header, rows)
 
 
@@ -333,9 +340,9 @@ def accounts(cells, first_step=100):
             pairs += 1
             for x, y in zip(a[s]['records'], b[s]['records']):
                 if x['step'] >= first_step:
-                    g = x['val_loss'][0] - y['val_loss'][0]
+                    g, d = split(x, y)
                     gap.append(g)
-                    deficit.append(x['val_loss'][3] - y['val_loss'][3] - g)
+                    deficit.append(d)
         for run in [*a.values(), *b.values()]:
             for rec in run['records']:
                 if rec['step'] >= 500:
