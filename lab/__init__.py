@@ -19,6 +19,7 @@ loop train.py, at the repository's root; the tools here run from the root as `py
     verdicts       every earlier loss verdict restated with Holm and TOST (python -m lab.verdicts)
     cost           where the blind spot costs: the cost grid's predictions and tables (python -m lab.cost)
     converge       cost or delay: the cost at convergence and at each readout's best rate (python -m lab.converge)
+    interaction    whose cost: the readout x loops interaction at the convergence recipe (python -m lab.interaction)
     norm_course    the norm's course over long training (python -m lab.norm_course)
     bench          the training step's speed (python -m lab.bench)
     compare        this checkout's step and generation timed against another's (python -m lab.compare)

@@ -32,7 +32,7 @@ import numpy as np
 
 from lab.cost import check_line, comparison_row, family_table, mean_sd, paired
 from lab.grid import COST_FLAGS, ROOT, LogError, load_runs, run_grid
-from lab.report import (check_destination, fail, markdown, pyplot, run_main, runs_flags, save_figure,
+from lab.report import (check_destination, fail, grid_folder_flags, markdown, pyplot, run_main, runs_flags, save_figure,
                         split_flags, tool_parser, write_text)
 from lab.stats import fmt_number, paired_test
 
@@ -171,7 +171,8 @@ def cell_of(run):
     recipe; the cost grid's names otherwise ('L4-lr1e-3-K4 + raw + pen0.1', '... + rmsnorm + normed')."""
     c, m = run['config'], run['config']['model']
     if c.get('decay_lr'):
-        return cell(rate(run), m['readout'], m['n_loop'])
+        return cell(rate(run), m['readout'], m['n_loop']) + (f" + pen{m['norm_penalty']:g}" if m['norm_penalty']
+                                                             else '')
     name = f"L{m['n_layer']}-lr{rate(run)}-K{m['n_loop']} + {m['readout']}"
     name += f" + pen{m['norm_penalty']:g}" if m['norm_penalty'] else ''
     return name + (f" + {m['recurrence']}" if m['recurrence'] != 'residual' else '')
@@ -552,15 +553,10 @@ def get_parser():
     runs_flags(p, 'the convergence runs', 'laptop', os.path.join('out', 'converge'), '--device=cpu')
     p.add_argument('--part', default='1/1', help="--run: 'i/n' trains jobs i, i + n, ... of the list only, so n "
                                                  'workers (one thread each) share the runs')
-    p.add_argument('--committed', default=os.path.join('figures', 'converge', 'runs'),
-                   help="--run: where the finished runs' logs are committed; a run finished there is not trained "
-                        'again')
     p.add_argument('--cost_runs', default=os.path.join(ROOT, 'figures', 'cost', 'runs'),
                    help="the cost grid's committed runs, whose 4-layer 1e-3 rmsnorm and raw runs the controls "
                         "pair with ('' for none)")
-    p.add_argument('--fig_dir', default=os.path.join('out', 'converge_figures'),
-                   help='where table.md and the figures go (a committed table changes only when its folder is '
-                        'named here)')
+    grid_folder_flags(p, os.path.join('figures', 'converge', 'runs'), os.path.join('out', 'converge_figures'))
     return p
 
 

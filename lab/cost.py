@@ -24,7 +24,7 @@ import os
 import numpy as np
 
 from lab.grid import COST, COST_SEEDS, LogError, load_runs, run_grid
-from lab.report import (at_least, check_destination, fail, markdown, pyplot, run_main, runs_flags, save_figure,
+from lab.report import (at_least, check_destination, fail, grid_folder_flags, markdown, pyplot, run_main, runs_flags, save_figure,
                         split_flags, tool_parser, write_text)
 from lab.stats import family_verdicts, fmt_number, paired_test
 
@@ -441,12 +441,7 @@ def get_parser():
     runs_flags(p, 'the cost grid', 'laptop', os.path.join('out', 'cost'), '--device=cpu')
     p.add_argument('--seeds', type=int, default=5,
                    help='--run: seeds 1..N of each cell, each cell capped at its own count (3, or 5)')
-    p.add_argument('--committed', default=os.path.join('figures', 'cost', 'runs'),
-                   help="--run: where the finished runs' logs are committed; a run finished there is not trained "
-                        'again')
-    p.add_argument('--fig_dir', default=os.path.join('out', 'cost_figures'),
-                   help='where table.md and fig_cost.png go (a committed table changes only when its folder is '
-                        'named here)')
+    grid_folder_flags(p, os.path.join('figures', 'cost', 'runs'), os.path.join('out', 'cost_figures'))
     return p
 
 

@@ -101,6 +101,17 @@ def runs_flags(p, what, config, out_root, example):
     train_flags(p, config, out_root, example)
 
 
+def grid_folder_flags(p, committed, fig_dir):
+    """The folder flags of a grid tool: where its finished runs' logs are committed (a run finished there is not
+    trained again) and where its tables and figures go."""
+    p.add_argument('--committed', default=committed,
+                   help="--run: where the finished runs' logs are committed; a run finished there is not trained "
+                        'again')
+    p.add_argument('--fig_dir', default=fig_dir,
+                   help='where table.md and the figures go (a committed table changes only when its folder is '
+                        'named here)')
+
+
 def at_least(p, flag, value, least, why=''):
     """Parser p's one-line error when a flag's value is below the least it can be (None: not given, so nothing
     to check), with the reason in brackets where it is not obvious."""
