@@ -111,7 +111,8 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         self.n_head, self.dropout = config.n_head, config.dropout
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=False)  # q, k, v at once
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)  # no dropout after it
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)  # no dropout
+        # after c_proj: the authors' model has none (the residual's dropout is the MLP's alone)
 
     def forward(self, x, kv=None):
         """x (B, T, C) -> (B, T, C): plain causal attention. kv is None but in generation's KV
@@ -264,12 +265,11 @@ class LoopedGPT(nn.Module):
         edit(k, h_in, h_k, e) -> (h_k, e) may change each output or drop rows of the batch."""
         h = e
         for k in range(1, n_loop + 1):
-            h_in = h                                  # what pass k starts from
-            h = self.loop_pass(h, e, k, n_loop, cache)  # (B, T, C): the stack, once
+            h_in = h if k == 1 else self.carry(h)     # what pass k starts from: e, then carry(h_k-1)
+            h = self.loop_pass(h_in, e, k, n_loop, cache)  # (B, T, C): the stack, once
             if edit is not None:
                 h, e = edit(k, h_in, h, e)
             yield k, h
-            h = self.carry(h)                         # what the next pass starts from
 
     def loop_pass(self, h, e, k, n_loop, cache=None):
         """Pass k of n_loop: every layer of the stack once, in order, (B, T, C) -> (B, T, C). A

@@ -1,40 +1,64 @@
 """
-The paper's figures and tables from training logs (out/*/log.jsonl); with --run, lab/grid.py trains
-the runs first.
+The paper's figures from training logs (each run folder's log.jsonl, written by train.py); with
+--run, it first trains the paper's conditions, one train.py per condition and seed.
 
     python plot_norms.py out/laptop out/laptop-readout_raw 'out/grid/laptop/*'   # runs you have
     python plot_norms.py out/laptop --fig_dir=figures/mine  # default: out/figures (untracked)
     python plot_norms.py --run                              # train the grid (laptop, 1 seed), draw
     python plot_norms.py --run --config=gpu_char --seeds=3  # on a GPU; rerun to go on after Ctrl-C
 
-Writes to --fig_dir: fig1_norm_explosion (||h_K|| against step), fig2_norm_by_loop (||h_k||
-against loop k), fig3_loss_by_depth (loss at exit depths 1..K and 2K), fig5_alpha (the alpha
-readout's exponent), fig6_crossover (claim 4: loss at depth K against step, and the paired gap to
---reference), each a PNG and an SVG; table.md and table.csv (per condition, mean +- sample SD
-(ddof 1) over seeds; table.md's second table and paired.csv: the paired differences); and from
-each run's checkpoint the timed early-exit benchmark (exit_table.md, fig4_pareto; time it on an
-otherwise idle machine).
-Every run is read at its own K (the n_loop in its log header).
-
-Not here: training and reading the runs (lab/grid.py), which runs are pairs and their t
-intervals (lab/stats.py), the early-exit measurement (lab/diagnose.py: exit_results,
-exit_summary, plot_pareto).
+Writes to --fig_dir, each a PNG and an SVG: fig1_norm_explosion (||h_K|| against step),
+fig2_norm_by_loop (||h_k|| against loop k, to 2K), fig3_loss_by_depth (loss at exit depths 1..K
+and 2K), fig5_alpha (the alpha readout's exponent). Seeds of a condition are averaged (band: +- 1
+sample SD); every run is read at its own K. python -m lab.paper adds the paired tables over seeds,
+the crossover figure and the timed early-exit benchmark.
 """
 
+import argparse
+import glob
+import json
 import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
 
+import matplotlib
 import numpy as np
 
-from lab import diagnose
-from lab.grid import GRIDS, LogError, grid_of, group_runs, load_runs, run_grid, slug
-from lab.report import (at_least, check_destination, fail, markdown, pyplot, run_main, runs_flags,
-                        save_figure, split_flags, tool_parser, write_csv, write_text)
-from lab.stats import (LEVEL, REFERENCE, default_reference, pair_up, paired_diffs, paired_rows,
-                       paired_stats, progress, sample_sd)
+from data.common import check_writable, write_atomically
 
-plt = pyplot()  # on Agg: files only, no display needed
+matplotlib.use('Agg')  # files only, no display needed
+import matplotlib.pyplot as plt  # noqa: E402 (after the backend is chosen)
+
 PROG = 'plot_norms.py'
-
+ROOT = os.path.dirname(os.path.abspath(__file__))  # where train.py is
+# The paper's grid plus the two variants its abstract names: {condition: train.py flags}.
+SUP, RMS, PEN = '--supervision=', '--readout=rmsnorm', '--norm_penalty=0.01'
+CONDITIONS = {
+    'terminal + rmsnorm': [SUP + 'terminal', RMS],
+    'terminal + raw': [SUP + 'terminal', '--readout=raw'],
+    'per_loop + rmsnorm': [SUP + 'per_loop', RMS],
+    'per_loop + raw': [SUP + 'per_loop', '--readout=raw'],
+    'per_loop + final_norm': [SUP + 'per_loop', '--readout=final_norm'],
+    'terminal + rmsnorm + penalty': [SUP + 'terminal', RMS, PEN],
+    'per_loop + rmsnorm + penalty': [SUP + 'per_loop', RMS, PEN],
+    'per_loop + layernorm': [SUP + 'per_loop', '--readout=layernorm'],
+    'per_loop + rmsnorm + normed': [SUP + 'per_loop', RMS, '--recurrence=normed'],
+    'per_loop + alpha': [SUP + 'per_loop', '--readout=alpha'],
+}
+# Claim 4 (scale control wins at matched depth once training is long) compares per-loop runs.
+CLAIM4 = ['per_loop + rmsnorm', 'per_loop + raw', 'per_loop + rmsnorm + penalty',
+          'per_loop + final_norm', 'per_loop + rmsnorm + normed', 'per_loop + alpha']
+GRIDS = {'paper': CONDITIONS, 'claim4': {n: CONDITIONS[n] for n in CLAIM4},
+         'readouts': {n: CONDITIONS[n] for n in ('per_loop + rmsnorm', 'per_loop + raw')}}
+# a configuration's grid unless --grid names one (laptop_deep: do the two readouts swap places in
+# a deeper stack?); any other configuration: the paper's ten
+DEFAULT_GRID = {'laptop_long': 'claim4', 'laptop_deep': 'readouts'}
+# grid runs are shorter than single runs: on 'laptop' all ten take about 15 minutes on 2 CPU cores
+GRID_FLAGS = {'laptop': ['--max_iters=200', '--eval_interval=40', '--eval_iters=4'],
+              'gpu_char': ['--max_iters=1000', '--eval_interval=100']}
 # Okabe-Ito colours (colour-blind safe; its yellow swapped for a darker wine, which reads on white)
 # with line styles and markers, so the figures also read in grey.
 STYLES = [('#000000', '-', 'o'), ('#E69F00', '--', 's'), ('#56B4E9', '-.', '^'),
@@ -43,19 +67,91 @@ STYLES = [('#000000', '-', 'o'), ('#E69F00', '--', 's'), ('#56B4E9', '-.', '^'),
           ('#44AA99', '--', 'p')]
 
 
-def styles(n):
-    """n (colour, line, marker) styles: STYLES, repeated past its ten (a grid can hold more)."""
-    return [STYLES[i % len(STYLES)] for i in range(n)]
+class LogError(ValueError):
+    """A run folder that cannot be read; the message names the folder."""
+
+
+def read_log(folder):
+    """(header config, evaluation records, K) of folder/log.jsonl, else LogError in one line: a bad
+    folder stops the command before anything is drawn."""
+    path = os.path.join(folder, 'log.jsonl')
+    if not os.path.isfile(path):
+        raise LogError(f"{folder}: no log.jsonl (not a train.py run folder?)")
+    try:
+        with open(path) as f:
+            text = f.read()
+        # a run still training may be halfway through a line: read up to its last whole one
+        lines = [json.loads(s) for s in text[:text.rfind('\n') + 1].splitlines() if s.strip()]
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise LogError(f"{folder}: log.jsonl is not valid JSON lines ({e})") from None
+    if not lines:
+        raise LogError(f"{folder}: log.jsonl is empty")
+    config, records = lines[0].get('config', {}), lines[1:]
+    K = config.get('model', {}).get('n_loop')
+    need = {'step', 'train_loss', 'val_loss', 'hidden_norm', 'elapsed_s'}
+    if K is None or not all(need <= set(r) and len(r['val_loss']) == len(r['hidden_norm']) == 2 * K
+                            for r in records):  # every record holds depths 1..2K
+        raise LogError(f"{folder}: log.jsonl is in an older or unknown format; "
+                       "rerun it with this train.py")
+    if not records:
+        raise LogError(f"{folder}: log.jsonl has no evaluation yet")
+    return config, records, K
+
+
+def condition_name(model):
+    """'per_loop + rmsnorm + penalty': a run's condition from looped.py's fields in its config."""
+    name = f"{model['supervision']} + {model['readout']}"
+    if model.get('alpha') is not None:  # a fixed alpha (unset: learned)
+        name += f" {model['alpha']:g}"
+    if model.get('norm_penalty'):  # the paper's 0.01 is '+ penalty' alone, as the grid has it
+        penalty = model['norm_penalty']
+        name += ' + penalty' + ('' if penalty == 0.01 else f" {penalty:g}")
+    if model.get('recurrence', 'residual') != 'residual':
+        name += f" + {model['recurrence']}"
+    return name
+
+
+def read_runs(patterns, folders=()):
+    """Every run in folders, then in the folders the patterns name (quoted globs are expanded here,
+    the same on every shell), each once: [{'folder', 'name', 'config', 'records', 'K'}]."""
+    folders = list(folders)
+    for pattern in patterns:
+        matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
+        if not matches:
+            raise LogError(f"{pattern}: matches no folder")
+        folders += [m for m in matches if m not in folders]
+    logs = [(folder, *read_log(folder)) for folder in folders]  # every log, before any figure
+    return [{'folder': folder, 'name': condition_name(config['model']), 'config': config,
+             'records': records, 'K': K} for folder, config, records, K in logs]
+
+
+def group_runs(runs, order=CONDITIONS):
+    """{condition: its runs}, in the order of `order`, then by name: runs whose configs differ only
+    in seed, folder or length are seeds of one condition. A name two settings share (a width, a
+    rate, a field looped.py does not have) gets the second one's folder in brackets."""
+    skip = ('seed', 'out_dir', 'resume', 'overwrite', 'max_iters')
+    by_setting = {}
+    for run in runs:
+        setting = {k: v for k, v in run['config'].items() if k not in skip}
+        by_setting.setdefault(json.dumps(setting, sort_keys=True), []).append(run)
+    groups = {}
+    for members in by_setting.values():
+        name = members[0]['name']
+        if name in groups:
+            name += f" [{os.path.basename(os.path.normpath(members[0]['folder']))}]"
+        groups[name] = members
+    known = [name for name in order if name in groups]
+    return {name: groups[name] for name in known + sorted(set(groups) - set(known))}
 
 
 def caught_up(groups):
-    """Each condition's runs that reached its furthest evaluation, and a note on each one behind
-    (still training, or stopped early): means over seeds at different steps mix training lengths."""
+    """Each condition's runs that reached its furthest evaluation, and the runs behind (still
+    training, or stopped early): a mean over seeds at different steps mixes training lengths."""
     kept, behind = {}, []
     for name, runs in groups.items():
         last = max(run['records'][-1]['step'] for run in runs)
         kept[name] = [run for run in runs if run['records'][-1]['step'] == last]
-        behind += [progress(run) for run in runs if run['records'][-1]['step'] < last]
+        behind += [run for run in runs if run['records'][-1]['step'] < last]
     return kept, behind
 
 
@@ -69,28 +165,9 @@ def series(runs, key, index=None):
 
 
 def mean_std(values):
-    """Mean and spread over seeds, for the first table and the bands (intervals: the paired table).
-    The spread is the sample SD (ddof 1), not a confidence interval."""
+    """Mean and sample SD (ddof 1; 0 for one seed) over seeds: the lines and their bands."""
     values = np.asarray(values, dtype=float)
-    return values.mean(axis=0), sample_sd(values)
-
-
-def describe(runs):
-    """'0.55M-parameter looped LM (2 layers x K=4, d=128) on shakespeare_char' for figure titles
-    (K=2/3 when the runs differ in depth)."""
-    c, m = runs[0]['config'], runs[0]['config']['model']
-    n = c.get('num_params')
-    size = f"{n / 1e6:.2f}M-parameter " if n else ''
-    Ks = '/'.join(map(str, sorted({run['K'] for run in runs})))
-    dataset = os.path.basename(c['dataset'])
-    return f"{size}looped LM ({m['n_layer']} layers x K={Ks}, d={m['n_embd']}) on {dataset}"
-
-
-def finish(fig, ax, path):
-    """Grid, legend outside the axes (the lines need the room), then the PNG and its SVG copy."""
-    ax.grid(True, which='both', alpha=0.3)
-    ax.legend(fontsize=8, loc='upper left', bbox_to_anchor=(1.01, 1))
-    return save_figure(fig, path)
+    return values.mean(0), values.std(0, ddof=1) if len(values) > 1 else np.zeros_like(values[0])
 
 
 def exit_depths(K):
@@ -98,19 +175,48 @@ def exit_depths(K):
     return list(range(1, K + 1)) + [2 * K]
 
 
-def final_curves(ax, groups, key, depths_of):
-    """One line per condition through the last evaluation's r[key] at depths depths_of(K)
-    (1-indexed; K: the condition's own); seeds give error bars."""
-    for (name, runs), (color, ls, marker) in zip(groups.items(), styles(len(groups))):
-        depths = depths_of(runs[0]['K'])
-        mean, std = mean_std([[run['records'][-1][key][d - 1] for d in depths] for run in runs])
-        yerr = std if len(runs) > 1 else None
-        ax.errorbar(depths, mean, yerr=yerr, color=color, ls=ls, marker=marker, ms=5, label=name)
+def styles(n):
+    """n (colour, line, marker) styles: STYLES, repeated past its ten (a grid can hold more)."""
+    return [STYLES[i % len(STYLES)] for i in range(n)]
+
+
+def describe(runs):
+    """'0.55M-parameter looped LM (2 layers x K=4, d=128) on shakespeare_char' (K=2/3 when the
+    runs differ in depth): what every figure shows, for its title."""
+    c, m = runs[0]['config'], runs[0]['config']['model']
+    size = f"{c['num_params'] / 1e6:.2f}M-parameter " if c.get('num_params') else ''
+    Ks = '/'.join(map(str, sorted({run['K'] for run in runs})))
+    return (f"{size}looped LM ({m['n_layer']} layers x K={Ks}, d={m['n_embd']}) on "
+            + os.path.basename(c['dataset']))
+
+
+def title(groups):
+    """describe(), the seeds per condition and, with more than one, what lines and bands are."""
+    seeds = sorted({len(runs) for runs in groups.values()})
+    text = describe([run for runs in groups.values() for run in runs])
+    text += f", {'/'.join(map(str, seeds))} seed{'s' * (seeds != [1])} per condition"
+    return text + ('\n(mean over seeds; band: +- 1 sample SD)' if seeds != [1] else '')
+
+
+def save_figure(fig, path, ax=None):
+    """A PNG and an SVG copy, each through a temporary file renamed over its destination (a planted
+    link is replaced, never followed); no date and fixed SVG ids, so the same logs give the same
+    bytes. ax: a grid and a legend outside the axes first (the lines need the room)."""
+    if ax is not None:
+        ax.grid(True, which='both', alpha=0.3)
+        ax.legend(fontsize=8, loc='upper left', bbox_to_anchor=(1.01, 1))
+    fig.tight_layout()
+    write_atomically(path, lambda f: fig.savefig(f, format='png', dpi=130))
+    with plt.rc_context({'svg.hashsalt': 'looped'}):
+        write_atomically(os.path.splitext(path)[0] + '.svg',
+                         lambda f: fig.savefig(f, format='svg', metadata={'Date': None}))
+    plt.close(fig)
+    return path
 
 
 def line_with_band(ax, steps, values, style, name, ms=4, floor=None):
-    """The mean over seeds against step, with a +- 1 std band when there is more than one seed
-    (values: (seeds, evals)); floor keeps the band above 0 on a log scale."""
+    """The mean over seeds (values: (seeds, evals)) against step, with a +- 1 SD band for more than
+    one seed; floor keeps the band above 0 on a log scale."""
     color, ls, marker = style
     mean, std = mean_std(values)
     ax.plot(steps, mean, color=color, ls=ls, marker=marker, ms=ms, label=name)
@@ -119,56 +225,42 @@ def line_with_band(ax, steps, values, style, name, ms=4, floor=None):
         ax.fill_between(steps, low, mean + std, color=color, alpha=0.15)
 
 
-def plot(groups, fig_dir, paired, reference=REFERENCE):
-    """The figures; returns their paths. Every run is read at its own K."""
-    os.makedirs(fig_dir, exist_ok=True)
-    seeds = sorted({len(runs) for runs in groups.values()})
-    title = describe([run for runs in groups.values() for run in runs])
-    title += f", {'/'.join(map(str, seeds))} seed{'s' * (seeds != [1])} per condition"
-    title += '\n(mean over seeds; band: +- 1 sample SD)' if seeds != [1] else ''
-    style = dict(zip(groups, styles(len(groups))))
-    paths = [plot_norm_explosion(groups, style, title, fig_dir),
-             plot_norm_by_loop(groups, title, fig_dir),
-             plot_loss_by_depth(groups, title, fig_dir)]
-    with_alpha = {name: runs for name, runs in groups.items() if 'alpha' in runs[0]['records'][-1]}
-    if with_alpha:  # the alpha readout's learned exponent: which alpha does cross-entropy choose?
-        paths.append(plot_alpha(with_alpha, title, fig_dir))
-    paths.append(plot_crossover(groups, style, paired, reference, title, fig_dir))
-    return paths
+def final_curves(ax, groups, key, depths_of):
+    """A line per condition through the last evaluation's r[key] at depths depths_of(its K)."""
+    for (name, runs), (color, ls, marker) in zip(groups.items(), styles(len(groups))):
+        depths = depths_of(runs[0]['K'])
+        mean, std = mean_std([[run['records'][-1][key][d - 1] for d in depths] for run in runs])
+        yerr = std if len(runs) > 1 else None
+        ax.errorbar(depths, mean, yerr=yerr, color=color, ls=ls, marker=marker, ms=5, label=name)
 
 
-def plot_norm_explosion(groups, style, title, fig_dir):
-    """fig1: the final-loop norm ||h_K|| against training step, log scale."""
+def plot(groups, fig_dir):
+    """The paper's figures 1, 2, 3 and (with an alpha readout) 5 in fig_dir; returns their paths.
+    Every run is read at its own K: its last loop k = K, its depths 1..K and 2K."""
+    head, path = title(groups), lambda name: os.path.join(fig_dir, name)
+    # fig1: the final-loop norm ||h_K|| against training step (the paper's figure 1)
     fig, ax = plt.subplots(figsize=(10, 5))
-    for name, runs in groups.items():
-        steps, h = series(runs, 'hidden_norm', runs[0]['K'] - 1)
-        line_with_band(ax, steps, h, style[name], name, floor=1e-3)
-    ax.set(yscale='log', xlabel='training step',
-           ylabel=r'final-loop norm $\|h_K\|$ (mean over tokens)', title=f"Norm explosion\n{title}")
-    return finish(fig, ax, os.path.join(fig_dir, 'fig1_norm_explosion.png'))
-
-
-def plot_norm_by_loop(groups, title, fig_dir):
-    """fig2: ||h_k|| against loop k = 1..2K after training; a grey line at each trained K."""
+    for (name, runs), style in zip(groups.items(), styles(len(groups))):
+        line_with_band(ax, *series(runs, 'hidden_norm', runs[0]['K'] - 1), style, name, floor=1e-3)
+    ax.set(yscale='log', xlabel='training step', title=f"Norm explosion\n{head}",
+           ylabel=r'final-loop norm $\|h_K\|$ (mean over tokens)')
+    paths = [save_figure(fig, path('fig1_norm_explosion.png'), ax)]
+    # fig2: ||h_k|| against loop k = 1..2K after training, a grey line at each trained K
     fig, ax = plt.subplots(figsize=(10, 5))
     final_curves(ax, groups, 'hidden_norm', lambda K: list(range(1, 2 * K + 1)))
     Ks = sorted({runs[0]['K'] for runs in groups.values()})
     for K in Ks:
         ax.axvline(K, color='grey', lw=0.8)
-        label = f" trained K={K}" if len(Ks) > 1 else ' trained K'
-        ax.text(K, 0.02, label, color='grey', va='bottom', fontsize=8,
-                transform=ax.get_xaxis_transform())
+        ax.text(K, 0.02, f" trained K={K}" if len(Ks) > 1 else ' trained K', color='grey',
+                va='bottom', fontsize=8, transform=ax.get_xaxis_transform())
     ax.set(yscale='log', xlabel='loop k (beyond K: extrapolation)',
            ylabel=r'$\|h_k\|$ at the end of training',
-           title=f"Norm by loop at the end of training\n{title}")
-    return finish(fig, ax, os.path.join(fig_dir, 'fig2_norm_by_loop.png'))
-
-
-def plot_loss_by_depth(groups, title, fig_dir):
-    """fig3: validation loss against exit depth 1..K and 2K at the end of training."""
+           title=f"Norm by loop at the end of training\n{head}")
+    paths.append(save_figure(fig, path('fig2_norm_by_loop.png'), ax))
+    # fig3: validation loss against exit depth 1..K and 2K at the end of training; untrained exits
+    # (early loops under terminal supervision) can be tens of nats: the frame leaves them out
     fig, ax = plt.subplots(figsize=(10, 5))
     final_curves(ax, groups, 'val_loss', exit_depths)
-    # untrained exits (early loops, terminal supervision) can be tens of nats: frame the rest
     at_K = [np.mean([run['records'][-1]['val_loss'][run['K'] - 1] for run in runs])
             for runs in groups.values()]
     low = min(min(run['records'][-1]['val_loss'][d - 1] for d in exit_depths(run['K']))
@@ -177,274 +269,165 @@ def plot_loss_by_depth(groups, title, fig_dir):
     ax.set(xlabel='exit depth (loops run before reading out)',
            ylabel='validation loss (nats per token)',
            xticks=sorted({d for runs in groups.values() for d in exit_depths(runs[0]['K'])}),
-           title="Validation loss by exit depth (points above the frame are off the scale)"
-                 f"\n{title}")
-    return finish(fig, ax, os.path.join(fig_dir, 'fig3_loss_by_depth.png'))
+           title="Validation loss by exit depth (points above the frame are off the scale)\n"
+                 + head)
+    paths.append(save_figure(fig, path('fig3_loss_by_depth.png'), ax))
+    # fig5: the alpha readout's learned exponent: which alpha does cross-entropy choose?
+    with_alpha = {n: runs for n, runs in groups.items() if 'alpha' in runs[0]['records'][-1]}
+    if with_alpha:
+        fig, ax = plt.subplots(figsize=(10, 5))
+        for (name, runs), style in zip(with_alpha.items(), styles(len(with_alpha))):
+            line_with_band(ax, *series(runs, 'alpha'), style, name)
+        ax.set(ylim=(0, 1), xlabel='training step',
+               ylabel=r'$\alpha$ (0: scale-invariant, 1: raw)',
+               title=f"The alpha readout's learned exponent\n{head}")
+        paths.append(save_figure(fig, path('fig5_alpha.png'), ax))
+    return paths
 
 
-def plot_alpha(with_alpha, title, fig_dir):
-    """fig5: the alpha readout's learned exponent against training step."""
-    fig, ax = plt.subplots(figsize=(10, 5))
-    for (name, runs), style in zip(with_alpha.items(), styles(len(with_alpha))):
-        steps, a = series(runs, 'alpha')
-        line_with_band(ax, steps, a, style, name)
-    ax.set(ylim=(0, 1), xlabel='training step', ylabel=r'$\alpha$ (0: scale-invariant, 1: raw)',
-           title=f"The alpha readout's learned exponent\n{title}")
-    return finish(fig, ax, os.path.join(fig_dir, 'fig5_alpha.png'))
+def finished(folder, cmd):
+    """Whether folder's run reached the step cmd asks for (its last --max_iters, as train.py reads
+    it), else its own max_iters: asking for more steps resumes a finished run."""
+    wanted = [int(a.split('=')[1]) for a in cmd if a.startswith('--max_iters=')]
+    try:
+        config, records, _ = read_log(folder)
+    except LogError:  # no log yet
+        return False
+    goal = wanted[-1] if wanted else config.get('max_iters')
+    return goal is not None and records[-1]['step'] >= goal
 
 
-def paired_gaps(middle, right, entry, style, name, nudge):
-    """One condition's paired gap to the reference, with t intervals: at depth K against step, up to
-    the comparison step (middle), and against depth at that step (right)."""
-    color, ls, marker = style
-    K = entry['K']
-    logs = [x['records'] for _, run, ref in entry['pairs'] for x in (run, ref)]
-    steps = sorted(set.intersection(*[{r['step'] for r in records} for records in logs]))
-    steps = [s for s in steps if s <= entry['step']]
-    gap = np.stack([paired_diffs(entry, s)[:, K - 1] for s in steps], axis=1)  # (pairs, steps)
-    stats = paired_stats(gap)
-    middle.plot(steps, stats['mean'], color=color, ls=ls, marker=marker, ms=3, label=name)
-    if stats['n'] > 1:
-        middle.fill_between(steps, stats['lo'], stats['hi'], color=color, alpha=0.15)
-    stats = paired_stats(paired_diffs(entry))
-    depths = np.arange(1, 2 * K + 1) + nudge  # nudged sideways: the conditions' bars do not overlap
-    yerr = None if stats['n'] < 2 else [stats['mean'] - stats['lo'], stats['hi'] - stats['mean']]
-    pairs = f"{stats['n']} pair{'s' * (stats['n'] != 1)}"
-    right.errorbar(depths, stats['mean'], yerr=yerr, color=color, ls=ls, marker=marker, ms=4,
-                   capsize=2, label=f"{name} ({pairs}, step {entry['step']})")
+def train_one(cmd, out_path):
+    """Run one train.py, its output appended to out_path: (exit code, Ctrl-C came, its last line).
+    In a process group of its own, a terminal's Ctrl-C reaches only us; we pass it (or SIGTERM) on
+    once, train.py saves and exits, and we wait for the save. Output to a file, not a pipe: reading
+    a busy pipe runs no signal handler until the child ends."""
+    start, interrupted = os.path.getsize(out_path) if os.path.exists(out_path) else 0, False
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM: as Ctrl-C
+    try:
+        with open(out_path, 'a') as out:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT, process_group=0)
+            while proc.returncode is None:
+                try:
+                    proc.wait()
+                except KeyboardInterrupt:  # a second one is passed on too: train.py's "abort now"
+                    interrupted = True
+                    proc.send_signal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    with open(out_path) as f:
+        lines = f.read()[start:].strip().splitlines() or ['no output']
+    # train.py's advice (--resume) is for one run; the grid goes on by its own command
+    return proc.returncode, interrupted, lines[-1].split('; continue with')[0]
 
 
-def plot_crossover(groups, style, paired, reference, title, fig_dir):
-    """fig6, claim 4: does a scale-controlled variant overtake the scale-invariant readout in
-    training (left: loss at depth K), by more than chance given the paired seeds (middle, right)?"""
-    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(20, 5.5))
-    for name, runs in groups.items():
-        steps, loss = series(runs, 'val_loss', runs[0]['K'] - 1)
-        line_with_band(left, steps, loss, style[name], name, ms=3)
-    finals = [series(runs, 'val_loss', runs[0]['K'] - 1)[1][:, -1].mean()
-              for runs in groups.values()]
-    left.set_ylim(min(finals) - 0.15, max(finals) + 0.6)  # frame the end, not the first evals
-    Ks = '/'.join(map(str, sorted({runs[0]['K'] for runs in groups.values()})))
-    left.set(xlabel='training step', ylabel=f'validation loss at depth K={Ks}',
-             title='validation loss at the trained depth\n(mean over seeds; band: +- 1 sample SD)')
-    shown = {name: entry for name, entry in paired.items() if entry['pairs']}
-    for i, (name, entry) in enumerate(shown.items()):
-        paired_gaps(middle, right, entry, style[name], name, 0.06 * (i - (len(shown) - 1) / 2))
-    for ax in (middle, right):
-        ax.axhline(0, color=style[reference][0] if reference in style else 'grey', lw=1.2,
-                   label=f"{reference} (the zero line)")
-    paired_Ks = sorted({entry['K'] for entry in shown.values()})
-    for K in paired_Ks:
-        right.axvline(K, color='grey', lw=0.8, ls=':')
-    if paired_Ks:
-        right.set_xticks(range(1, 2 * max(paired_Ks) + 1))
-    middle.set_ylim(-0.3, 0.5)
-    gap_label = f'loss minus {reference} (below 0: better)'
-    middle.set(xlabel='training step', ylabel=gap_label,
-               title=f'gap to {reference} at depth K, paired by seed\n'
-                     f'(mean; band: {LEVEL:.0%} t interval over seeds, n-1 df)')
-    right.set(xlabel='exit depth (dotted: trained K)', ylabel=gap_label,
-              title=f'paired gap by depth at the comparison step (legend)\n'
-                    f'(mean; bars: {LEVEL:.0%} t interval over seeds, n-1 df)')
-    for ax in (left, middle, right):
-        ax.grid(True, alpha=0.3)
-    left.legend(fontsize=7, loc='upper right')
-    if shown:
-        right.legend(fontsize=8, loc='upper left', bbox_to_anchor=(1.01, 1))
-    else:
-        for ax in (middle, right):
-            ax.text(0.5, 0.5, f'no {reference} run to pair with', ha='center',
-                    transform=ax.transAxes)
-    # the title's first line only: each panel names its own band (std over seeds, or a t interval)
-    fig.suptitle("Claim 4: does scale control win at matched depth with longer training?\n"
-                 + title.splitlines()[0], fontsize=10)
-    return save_figure(fig, os.path.join(fig_dir, 'fig6_crossover.png'))
+def run_grid(config, conditions, seeds, out_root, extra):
+    """Train each condition {name: flags} for each seed, seed by seed (a grid stopped early holds
+    whole pairs), in out_root/config/<condition>-seed<s>; a finished run (its log at max_iters) is
+    reused, an interrupted one resumed, so rerunning the command goes on. Returns the folders."""
+    jobs = [(name, seed) for seed in seeds for name in conditions]
+    folders, trained, train_s, t0 = [], 0, 0.0, time.time()
+    for i, (name, seed) in enumerate(jobs):
+        folder = os.path.join(out_root, config, name.replace(' + ', '-') + f"-seed{seed}")
+        folders.append(folder)
+        cmd = [sys.executable, os.path.join(ROOT, 'train.py'), f'--config={config}',
+               *GRID_FLAGS.get(config, []), *conditions[name], f'--seed={seed}',
+               f'--out_dir={folder}', *extra]
+        if finished(folder, cmd):
+            print(f"[{i + 1}/{len(jobs)}] {folder}: finished earlier, reused")
+            continue
+        resume = os.path.exists(os.path.join(folder, 'ckpt.pt'))
+        if resume or os.path.exists(os.path.join(folder, 'log.jsonl')):  # a log, no checkpoint:
+            cmd.append('--resume' if resume else '--overwrite')  # stopped before its first save
+        # the ETA from runs trained here (a reused one took no time and would make it 0)
+        eta = f", ETA {train_s / trained * (len(jobs) - i) / 60:.0f} min" if trained else ''
+        print(f"[{i + 1}/{len(jobs)}] {folder}: training ({'resumed' if resume else 'new'}{eta})",
+              flush=True)
+        os.makedirs(folder, exist_ok=True)
+        started = time.time()
+        code, interrupted, last = train_one(cmd, os.path.join(folder, 'train.out'))
+        trained, train_s = trained + 1, train_s + time.time() - started
+        if interrupted:
+            print(f"{PROG}: interrupted during {name} (seed {seed}): {last}; rerun the same "
+                  "command to continue the grid", file=sys.stderr)
+            sys.exit(130)
+        if code != 0:
+            sys.exit(f"{PROG}: error: the run for {name} (seed {seed}) failed: {last}")
+    print(f"grid done in {(time.time() - t0) / 60:.1f} min")
+    return folders
 
 
-def loop_means(records, key, n, f):
-    """'0.100 0.200 ...': records' per-loop entry key, loops 1..n, mean over the seeds."""
-    return ' '.join(f"{v:{f}}" for v in np.mean([r[key] for r in records], axis=0)[:n])
-
-
-def table(groups, fig_dir, paired, reference=REFERENCE, behind=()):
-    """Per condition: perplexity and ||h_K|| at depth K (mean +- sample SD over seeds), ppl at
-    depths 1..K and 2K, the alpha readout's final alpha, a gated run's mean exit probability and
-    |gate logit| per loop (means over seeds); then the paired differences. Returns table.md's
-    text."""
-    # runs of different K share one table: a column per depth any of them reports, blank where none
-    depths = sorted({d for runs in groups.values() for d in exit_depths(runs[0]['K'])})
-    # gated runs: the gate's exit probability per loop, its |logit| (the last gate's has no effect)
-    gated = any('exit_prob' in r['records'][-1] for runs in groups.values() for r in runs)
-    header = (['condition', 'seeds', 'step', 'K', 'val ppl (depth K)', '‖h_K‖']
-              + [f"ppl@{d}" for d in depths] + ['alpha']
-              + (['exit p_k, k = 1..K', 'gate logit (abs), k = 1..K-1'] if gated else []))
-    pm = lambda v, f: f"{v.mean():{f}}" + (f" +- {sample_sd(v):{f}}" if len(v) > 1 else '')
-    rows = []
-    for name, runs in groups.items():
-        K, last = runs[0]['K'], [run['records'][-1] for run in runs]
-        ppl = {d: np.exp([r['val_loss'][d - 1] for r in last]) for d in exit_depths(K)}
-        h = np.array([r['hidden_norm'][K - 1] for r in last])
-        alpha = pm(np.array([r['alpha'] for r in last]), '.3f') if 'alpha' in last[0] else ''
-        step = min(r['step'] for r in last)
-        gate = [] if not gated else ['', ''] if 'exit_prob' not in last[0] else [
-            loop_means(last, 'exit_prob', K, '.3f'), loop_means(last, 'gate_logit', K - 1, '.1f')]
-        rows.append([name, str(len(runs)), str(step), str(K), pm(ppl[K], '.3f'), pm(h, '.1f')]
-                    + [pm(ppl[d], '.2f') if d in ppl else '' for d in depths] + [alpha] + gate)
-    write_csv(os.path.join(fig_dir, 'table.csv'), [header] + rows)
-    md = markdown(header, rows)
-    unfinished = [progress(run) for runs in groups.values() for run in runs
-                  if run['records'][-1]['step'] < (run['config'].get('max_iters') or 0)]
-    if behind:
-        md += ('\n\nLeft out of this table and the figures, behind the other seeds of their '
-               'condition (still training, or stopped early): ' + '; '.join(behind))
-    if unfinished:
-        md += ('\n\nNot finished (still training, or stopped early; the table shows their last '
-               'evaluation): ' + '; '.join(unfinished))
-    md += '\n\n' + paired_table(paired, reference, fig_dir)
-    write_text(os.path.join(fig_dir, 'table.md'), md + '\n')
-    return md
-
-
-def paired_table(paired, reference, fig_dir):
-    """The paired differences to the reference as markdown (returned) and paired.csv: at depth K
-    with the verdict, and at every depth 1..2K (stats.paired_rows)."""
-    lines = [f"Paired differences to {reference}: validation loss (nats) minus {reference}'s, "
-             "seed by seed (runs paired by the seed in their log header, with the same settings, "
-             "compared at one step), then the mean, its standard error (sample std / sqrt(n)) "
-             f"and a {LEVEL:.0%} t interval over seeds with n-1 degrees of freedom. An interval "
-             "that contains 0: no difference shown."]
-    csv_path = os.path.join(fig_dir, 'paired.csv')
-    if not paired:
-        if os.path.exists(csv_path):  # an earlier plot's: it does not describe these runs
-            os.remove(csv_path)
-        return (lines[0] + f"\n\nNo paired differences: these runs hold no {reference} run, "
-                "or no other condition.")
-    header, rows, csv_rows, notes = paired_rows(paired, reference)
-    csv_header = ['condition', 'reference', 'depth', 'is_K', 'pairs', 'seeds', 'step', 'mean_diff',
-                  'se', 'lo', 'hi', 'df', 't', 'verdict']
-    write_csv(csv_path, [csv_header] + csv_rows)
-    lines.append(markdown(header, rows))
-    if notes:
-        lines.append('\n'.join(f"- {note}" for note in notes))
-    return '\n\n'.join(lines)
+class Parser(argparse.ArgumentParser):
+    """argparse with its errors in one line ('plot_norms.py: error: ...'), not the usage block."""
+    def error(self, message):
+        sys.exit(f"{self.prog}: error: {message}")
 
 
 def get_parser():
-    p = tool_parser(PROG, __doc__)
-    runs_flags(p, 'the grid of conditions', 'laptop', os.path.join('out', 'grid'),
-               '--max_iters=100')
-    p.add_argument('--seeds', type=int, default=1,
-                   help='seeds per condition for --run (seeds 1..N)')
-    p.add_argument('--grid', default=None, choices=list(GRIDS),
-                   help="--run: which named grid of conditions to train (default: claim4 for "
-                        "laptop_long, readouts for laptop_deep, else paper, the paper's ten); "
-                        "atlas: the field's looped designs, each under rmsnorm and raw")
-    p.add_argument('--conditions', default=None,
-                   help='--run: comma-separated conditions of the grid to train (default: all of '
-                        'them), by folder name, e.g. ' + ', '.join(map(slug, GRIDS['paper'])))
-    p.add_argument('--fig_dir', default=None,
-                   help='where figures and tables go (default: out/figures/<config> with --run, '
-                        'else out/figures; the committed figures/ change only when named here)')
-    p.add_argument('--exit_windows', type=int, default=200,
-                   help='validation windows for the timed early-exit benchmark, half to calibrate '
-                        'and half to measure (0: none); needs each run\'s ckpt.pt')
-    p.add_argument('--reference', default=None,
-                   help=f"the condition every other is paired with, seed by seed, by folder name "
-                        f"or condition name (default: {slug(REFERENCE)}, under the runs' init "
-                        "if not the paper's, when there are such runs)")
+    p = Parser(prog=PROG, description=__doc__,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('runs', nargs='*', help='run folders or quoted globs (with --run: the grid too)')
+    p.add_argument('--run', action='store_true', help='train the grid first (reuses finished runs)')
+    p.add_argument('--config', default='laptop', help='train.py configuration of the runs')
+    p.add_argument('--out_root', default=os.path.join('out', 'grid'), help='where the runs go')
+    p.add_argument('--train_args', default='', help="extra train.py flags, e.g. '--max_iters=100'")
+    p.add_argument('--seeds', type=int, default=1, help='--run: seeds 1..N of each condition')
+    p.add_argument('--grid', default=None, choices=list(GRIDS), help="--run: the conditions "
+                   "(default: claim4 for laptop_long, readouts for laptop_deep, else paper)")
+    p.add_argument('--conditions', default=None, help='--run: only these of the grid, by folder '
+                   'name, comma-separated (per_loop-rmsnorm,per_loop-raw)')
+    p.add_argument('--fig_dir', default=None, help='where the figures go (default: out/figures, '
+                   'with --run out/figures/<config>)')
     return p
 
 
 def check_flags(p, args):
-    """Every flag error, before any work: the extra train.py flags, the conditions, the destination.
-    Returns (train_args, condition names or None for the whole grid, fig_dir)."""
-    at_least(p, '--seeds', args.seeds, 1)
+    """Every flag error, before any training: (the conditions to train, extra flags, fig_dir)."""
+    if args.seeds < 1:
+        p.error(f"--seeds={args.seeds} must be at least 1")
     if not args.run and not args.runs:
         p.error("name run folders to plot, or pass --run to train the grid")
-    train_args = split_flags(p, args.train_args)
-    # untracked by default: the committed reference figures change only when --fig_dir names them
+    try:
+        extra = shlex.split(args.train_args)
+    except ValueError as e:
+        p.error(f"--train_args={args.train_args!r}: {e}")
     fig_dir = args.fig_dir or os.path.join('out', 'figures', *([args.config] if args.run else []))
-    check_destination(p, os.path.join(fig_dir, 'table.md'), '--fig_dir')  # before any training
-    names = None
-    if args.conditions is not None:
-        by_slug = {slug(n): n for n in grid_of(args.config, args.grid)}
-        unknown = [c for c in args.conditions.split(',') if c not in by_slug]
-        if unknown:
-            p.error(f"--conditions: {', '.join(unknown)} not in the grid; "
-                    f"choose from {', '.join(by_slug)}")
-        names = [by_slug[c] for c in args.conditions.split(',')]
-    return train_args, names, fig_dir
-
-
-def read_runs(args, folders):
-    """Every run named on the command line after the grid's own folders, read before anything is
-    drawn: one bad folder is one line, not a half-written figure set."""
-    try:
-        return load_runs(args.runs, folders)
-    except LogError as e:
-        fail(PROG, e)
-
-
-def pick_reference(p, args, runs):
-    """The condition the others pair with: --reference (folder or condition name), else REFERENCE,
-    under the runs' own init where they name one ('per_loop + rmsnorm (gpt2 init)')."""
-    known = {run['name'] for run in runs}
-    if args.reference is None:
-        return default_reference(known)
-    reference = next((n for n in known if args.reference in (n, slug(n))), None)
-    if reference is None:
-        p.error(f"--reference={args.reference}: no such condition among the runs; they hold "
-                + ', '.join(sorted(map(slug, known))))
-    return reference
-
-
-def exit_benchmark(groups, runs, max_windows):
-    """diagnose.exit_results on every run's checkpoint, or None (no windows asked for, or a run
-    without ckpt.pt). Run before any figure: a bad checkpoint stops everything, in one line."""
-    if max_windows <= 0:
-        return None
-    if not all(os.path.exists(os.path.join(run['folder'], 'ckpt.pt')) for run in runs):
-        print("no early-exit benchmark: some runs have no ckpt.pt")
-        return None
-    print(f"early-exit benchmark on {len(runs)} checkpoints "
-          "(timed: keep the machine otherwise idle)", flush=True)
-    try:
-        return diagnose.exit_results(groups, max_windows)
-    except (ValueError, OSError) as e:  # an unreadable checkpoint or dataset: one line, naming it
-        fail(PROG, f"no early-exit benchmark: {e}")
+    try:  # a destination that cannot be written stops us before hours of training, not after
+        check_writable(os.path.join(fig_dir, 'fig1_norm_explosion.png'))
+    except ValueError as e:
+        p.error(f"--fig_dir: {e}")
+    grid = GRIDS[args.grid or DEFAULT_GRID.get(args.config, 'paper')]
+    by_slug = {name.replace(' + ', '-'): name for name in grid}
+    chosen = by_slug if args.conditions is None else args.conditions.split(',')
+    unknown = [c for c in chosen if c not in by_slug]
+    if unknown:
+        p.error(f"--conditions: {', '.join(unknown)} not in the grid; "
+                f"choose from {', '.join(by_slug)}")
+    return {by_slug[c]: grid[by_slug[c]] for c in chosen}, extra, fig_dir
 
 
 def main(argv=None):
-    """Check the flags, train the grid if asked, read every log, then draw and tabulate."""
+    """Check the flags, train the grid if asked, read every log, then draw."""
     p = get_parser()
     args = p.parse_args(argv)
-    train_args, names, fig_dir = check_flags(p, args)
-    folders = []
-    if args.run:  # the grid's run folders, trained first (finished runs are reused)
-        seeds = range(1, args.seeds + 1)
-        folders = run_grid(args.config, seeds, args.out_root, train_args, names, args.grid)
-    runs = read_runs(args, folders)
-    groups = group_runs(runs)
-    reference = pick_reference(p, args, runs)
-    paired = pair_up(groups, reference)  # from every run: pair_up picks its own step per condition
-    groups, behind = caught_up(groups)
+    conditions, extra, fig_dir = check_flags(p, args)
+    seeds = range(1, args.seeds + 1)
+    folders = run_grid(args.config, conditions, seeds, args.out_root, extra) if args.run else []
+    try:
+        runs = read_runs(args.runs, folders)
+    except LogError as e:
+        sys.exit(f"{PROG}: error: {e}")
+    groups, behind = caught_up(group_runs(runs))
     if behind:
-        print("left out of the figures and the first table, behind the other seeds of their "
-              "condition: " + '; '.join(behind))
-    exits = exit_benchmark(groups, runs, args.exit_windows)
-    for path in plot(groups, fig_dir, paired, reference):
+        print("left out, behind the other seeds of their condition: " + '; '.join(
+            f"{run['folder']} at step {run['records'][-1]['step']}" for run in behind))
+    for path in plot(groups, fig_dir):
         print(f"wrote {path}")
-    print(table(groups, fig_dir, paired, reference, behind))
-    print(f"wrote {os.path.join(fig_dir, 'table.md')}, table.csv"
-          + (' and paired.csv' if paired else ''))
-    if exits is not None:
-        md = markdown(*diagnose.exit_summary(exits))
-        write_text(os.path.join(fig_dir, 'exit_table.md'), md + '\n')
-        print(md)
-        pareto = diagnose.plot_pareto(exits, os.path.join(fig_dir, 'fig4_pareto.png'),
-                                      describe(runs), styles(len(exits)))
-        print(f"wrote {os.path.join(fig_dir, 'exit_table.md')} and {pareto}")
 
 
 if __name__ == '__main__':
-    run_main(main, PROG)
+    try:
+        main()
+    except KeyboardInterrupt:  # outside a training run (reading, drawing): nothing to save
+        sys.exit(f"{PROG}: interrupted")

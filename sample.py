@@ -1,79 +1,116 @@
-"""
-Generate text from a trained looped model, at its trained loop count or any other.
-
-    python sample.py                                   # out/laptop: the README's main run
-    python sample.py --out_dir=out/laptop --n_loop=8   # twice the trained depth
-    python sample.py --out_dir=... --start="ROMEO:" --num_samples=3 --max_new_tokens=300
-    python sample.py --out_dir=... --start=FILE:prompt.txt
-    python sample.py --exit=kl --exit_threshold=0.01   # stop looping early, token by token
-    python sample.py --exit=confidence --exit_threshold=0.6 --show_depth  # see each token's loops
-    python sample.py --exit=latent --exit_threshold=0.2   # exit once the hidden state settles
-    python sample.py --recompute                       # no KV cache: rerun the context per token
-
-nanoGPT's sample.py, with loops. The generation itself is lab/engine.py's generate: a KV
-cache per loop, each sample of the batch exiting at its own loop (--show_depth marks where), and
-the exit rules (RULES). Not here: calibrating and timing the exits (lab/diagnose.py), the cache
-against recomputing (python -m lab.bench --generate). Needs only looped.py, lab/ and
-data/common.py beside it: the vocabulary is in the checkpoint, so no dataset.
-"""
-
+"""nanoGPT's sample.py, with loops; it needs only looped.py (the checkpoint holds the vocabulary).
+    python sample.py --out_dir=out/laptop --n_loop=8 --exit=latent --exit_threshold=0.2 --show_depth
+Each token runs its loops up to the first whose --exit rule passes. Designs: python -m lab.sample"""
 import argparse
 import math
+import os
+import re
 import sys
+from dataclasses import fields
 
 import torch
+import torch.nn.functional as F
 
-from lab.engine import RULES, generate
-from lab.report import at_least, one_line_errors
-from lab.runs import condition_name, load_model
-from lab.runtime import resolve_device
+from looped import CHOICES, LoopedConfig, LoopedGPT, sample
 
+DEFAULTS = {'gate_input': 'raw', 'gate_beta': 0.1, 'init': 'paper', 'mlp': 'swiglu',
+            'block': 'prenorm', 'depth_sampling': 'fixed', 'attention': 'sdpa'}
+
+def load_model(out_dir, device='cpu'):
+    """(looped.py's LoopedGPT in eval mode, the checkpoint) from out_dir/ckpt.pt, or ValueError."""
+    path = os.path.join(out_dir, 'ckpt.pt') if os.path.isdir(out_dir) else out_dir
+    if not os.path.exists(path):
+        raise ValueError(f"no checkpoint at {path}")
+    try:  # weights_only: tensors and plain data only, so a checkpoint can never run code here
+        ckpt = torch.load(path, map_location=device, weights_only=True)
+    except Exception as e:
+        if 'Unsupported global' in str(e) or 'GLOBAL ' in str(e):  # it names a class to build
+            raise ValueError(f"checkpoint {path} holds objects other than tensors and plain data; "
+                             "refused, since loading it could run code") from None
+        raise ValueError(f"checkpoint {path} is unreadable (truncated or corrupt?): "
+                         f"{type(e).__name__}") from None
+    if not isinstance(ckpt, dict) or {'model', 'config', 'step', 'meta'} - set(ckpt):
+        raise ValueError(f"{path} is not a checkpoint that train.py wrote")
+    cfg, paper = ckpt['config'], [f.name for f in fields(LoopedConfig)]
+    extra = [k for k in cfg if k not in paper]
+    if extra:  # a design's run: name its fields off their defaults (lab/designs.py), gated, damped
+        named = [f"{k}={cfg[k]!r}" for k in extra if cfg[k] not in (0, 'none', DEFAULTS.get(k))]
+        named += [f"{k}={cfg[k]!r}" for k, allowed in CHOICES.items() if cfg.get(k) not in allowed]
+        raise ValueError(f"{out_dir} was trained with a design ({', '.join(named)}); sample it "
+                         f"with python -m lab.sample --out_dir={out_dir}")
+    try:
+        model = LoopedGPT(LoopedConfig(**{k: v for k, v in cfg.items() if k in paper}))
+        model.load_state_dict(ckpt['model'])
+    except (ValueError, RuntimeError) as e:  # an invalid config, or weights of another shape
+        raise ValueError(f"checkpoint {path}: its weights do not fit its own config "
+                         f"({type(e).__name__}: {str(e).strip().splitlines()[0][:150]})") from None
+    return model.to(device).eval(), ckpt
 
 def get_codec(meta):
-    """encode(str) -> list of ids and decode(list) -> str, from the vocabulary train.py stores in
-    the checkpoint: sampling needs neither the data folder nor the prepare script."""
+    """encode(str) -> list of ids and decode(list) -> str, from the vocabulary in the checkpoint."""
     if meta.get('tokenizer') == 'gpt2':
         import tiktoken
         try:
             enc = tiktoken.get_encoding('gpt2')
         except Exception as e:  # no network and no cache: one line that says how to fix it
-            raise ValueError("this checkpoint uses the GPT-2 BPE and tiktoken cannot load it "
-                             f"({type(e).__name__}); set TIKTOKEN_CACHE_DIR to a folder holding "
-                             "tiktoken's gpt2 files") from None
+            raise ValueError(f"tiktoken cannot load the GPT-2 BPE ({type(e).__name__}); set "
+                             "TIKTOKEN_CACHE_DIR to a folder holding its gpt2 files") from None
         return (lambda s: enc.encode(s, allowed_special={'<|endoftext|>'})), enc.decode
-    if meta.get('tokenizer') == 'word':  # data/wikitext103/prepare.py: regex tokens, id 0 is <unk>
-        import re
-        stoi = {tok: i for i, tok in enumerate(meta['itos'])}
-        return (lambda s: [stoi.get(t, 0) for t in re.findall(meta['pattern'], s)]), \
-            (lambda ids: ''.join(meta['itos'][i] for i in ids))
-    itos = meta['itos']  # character level: a list, or nanoGPT's {id: character}
-    itos = [itos[i] for i in range(len(itos))] if isinstance(itos, dict) else list(itos)
-    stoi = {ch: i for i, ch in enumerate(itos)}
+    itos = [meta['itos'][i] for i in range(len(meta['itos']))]  # a list, or nanoGPT's {id: char}
+    stoi = {tok: i for i, tok in enumerate(itos)}
 
-    def encode(s):  # a character the model never saw has no id: say which, rather than a KeyError
-        unknown = sorted(set(s) - set(stoi))
+    def encode(s):
+        if meta.get('tokenizer') == 'word':  # data/wikitext103/prepare.py's: id 0 is <unk>
+            return [stoi.get(tok, 0) for tok in re.findall(meta['pattern'], s)]
+        unknown = sorted(set(s) - set(stoi))  # characters the model never saw: say which
         if unknown:
-            raise ValueError("the start text has characters outside the model's vocabulary: "
-                             f"{unknown!r}")
+            raise ValueError(f"the start text has characters outside the vocabulary: {unknown!r}")
         return [stoi[c] for c in s]
     return encode, lambda ids: ''.join(itos[i] for i in ids)
 
+@torch.no_grad()
+def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, n_loop=None,
+             exit_rule=None, exit_threshold=None):
+    """idx (B, T) and max_new_tokens more, each from its window's loops up to the first whose exit
+    rule passes (or n_loop), and the loop each new one exited at (B, max_new_tokens)."""
+    K, block, t = n_loop or model.config.n_loop, model.config.block_size, exit_threshold
+    start, depths = max(0, idx.size(1) - block), []
+    for _ in range(max_new_tokens):
+        if idx.size(1) - start > block:  # a full window restarts from its newest half
+            start = idx.size(1) - block // 2
+        e = model.embed(idx[:, start:])                               # h_0: (B, T, C)
+        depth, logp, logp_prev, z_prev = torch.zeros_like(idx[:, 0]), None, None, e[:, -1].float()
+        for k, h in model.loops(e, K):                                # h_k: (B, T, C)
+            x = model.exit_input(h[:, -1:], k)[:, -1]                 # (B, C): the last position
+            logp_k, z = F.log_softmax(model.lm_head(x).float(), dim=-1), h[:, -1].float()
+            passes = k == K  # the rules: the top probability reaches t, the state's relative
+            if exit_rule == 'confidence':  # change falls to it, or KL(p_k || p_k-1) does
+                passes = passes | (logp_k.max(dim=-1).values.exp() >= t)
+            elif exit_rule == 'latent':
+                change = (z - z_prev).norm(dim=-1) / z_prev.norm(dim=-1).clamp_min(1e-12)
+                passes = passes | (change <= t)
+            elif exit_rule == 'kl' and k > 1:  # not at loop 1: no loop before it
+                passes = passes | ((logp_k.exp() * (logp_k - logp_prev)).sum(dim=-1) <= t)
+            stops = (depth == 0) & passes                             # (B,): rows exiting here
+            logp = logp_k if logp is None else torch.where(stops[:, None], logp_k, logp)
+            depth[stops] = k
+            if (depth > 0).all():
+                break
+            logp_prev, z_prev = logp_k, z
+        depths.append(depth)
+        idx = torch.cat((idx, sample(logp, temperature, top_k)), dim=1)
+    return idx, torch.stack(depths, 1) if depths else idx.new_zeros(idx.size(0), 0)
 
-# 256-colour terminal codes for exit loops 1, 2, ...: green (early), yellow, orange, red, magenta
-PALETTE = (46, 154, 226, 214, 208, 196, 199, 201, 129, 93)
+PALETTE = (46, 154, 226, 214, 208, 196, 199, 201, 129, 93)  # 256-colour codes: loop 1 green ...
 MARKS = '123456789abcdefghijklmnopqrstuvwxyz'  # each loop's mark in plain text; '+' past loop 35
 
-
 def show_depth(prompt, pieces, depths, n_loop, ansi):
-    """The prompt, then the generated tokens' texts (pieces), each marked by the loop it exited
-    at (depths). In a terminal (ansi): each token in its loop's colour, under a legend. Otherwise:
-    under each line of text, a line with the loop's mark under each generated character (none
-    under the prompt)."""
+    """The prompt and the new tokens' texts (pieces), each in its loop's colour (ansi) or mark."""
     if ansi:
         paint = lambda text, d: f"\033[38;5;{PALETTE[min(d, len(PALETTE)) - 1]}m{text}\033[0m"
         keys = ' '.join(paint(str(k), k) for k in range(1, n_loop + 1))
-        legend = 'colour = loop at which the token exited: ' + keys
-        return legend + '\n' + prompt + ''.join(paint(p, d) for p, d in zip(pieces, depths))
+        return (f"colour = loop at which the token exited: {keys}\n{prompt}"
+                + ''.join(paint(p, d) for p, d in zip(pieces, depths)))
     text, marks = [''], ['']
     for piece, d in [(prompt, None)] + list(zip(pieces, depths)):
         for ch in piece:
@@ -83,104 +120,81 @@ def show_depth(prompt, pieces, depths, n_loop, ansi):
             else:
                 text[-1] += ch
                 marks[-1] += ' ' if d is None else MARKS[d - 1] if d <= len(MARKS) else '+'
-    legend = (f"under each line: the loop (1..{n_loop}) at which each generated character's token "
-              "exited (blank: the prompt)")
+    legend = f"under each line, the loop (1..{n_loop}) at which a token exited (blank: the prompt)"
     return legend + '\n' + '\n'.join(f"{t}\n{m.rstrip()}" for t, m in zip(text, marks))
 
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line naming the command, not argparse's usage block
+        sys.exit(f"{self.prog}: error: {message}")
 
-def get_parser():
-    p = argparse.ArgumentParser(description='Sample from a looped model checkpoint.')
-    one_line_errors(p, 'sample.py')  # p.error: one line naming sample.py, no usage block
-    p.add_argument('--out_dir', default='out/laptop',
-                   help='the run folder that holds ckpt.pt (default: the demo run)')
-    p.add_argument('--start', default='\n',
-                   help='prompt text, or FILE:path to read it from a file')
-    p.add_argument('--num_samples', type=int, default=2)
-    p.add_argument('--max_new_tokens', type=int, default=300)
-    p.add_argument('--temperature', type=float, default=0.8,
-                   help='below 1: more conservative, above: more random')
-    p.add_argument('--top_k', type=int, default=200,
-                   help='sample among the k most likely tokens only')
-    p.add_argument('--seed', type=int, default=1337)
-    p.add_argument('--n_loop', type=int, default=None,
-                   help='loops per token (default: the trained K)')
-    p.add_argument('--exit', default='none', choices=('none',) + RULES,
-                   help='early exit per token: confidence (top probability >= threshold), '
-                        'kl (KL between successive loops <= threshold), latent (relative '
-                        'change of the hidden state <= threshold) or gate (the learned exit '
-                        "gate's cumulative exit probability >= threshold; --supervision=gated)")
-    p.add_argument('--exit_threshold', type=float, default=None,
-                   help='threshold of --exit (e.g. 0.9 for confidence, 0.01 for kl, 0.2 for '
-                        'latent; lab/diagnose.py calibrates one); gate: default 0.5')
-    p.add_argument('--show_depth', action='store_true',
-                   help='mark every generated token with the loop at which it exited (colours in a '
-                        'terminal, a line of digits under the text otherwise)')
-    p.add_argument('--recompute', action='store_true',
-                   help="recompute the whole context for every token instead of reading the "
-                        "per-loop KV cache (the reference: the same text at a fixed depth, and "
-                        "many times slower)")
-    p.add_argument('--device', default='auto', help='auto, cpu, cuda or mps')
+def get_parser(prog='sample.py', exits=('confidence', 'kl', 'latent')):
+    p = Parser(prog=prog, description='Sample from a looped model checkpoint.')
+    add = p.add_argument
+    add('--out_dir', default='out/laptop', help='the run folder with ckpt.pt (default: the demo)')
+    add('--start', default='\n', help='prompt text, or FILE:path to read it from a file')
+    add('--num_samples', type=int, default=2)
+    add('--max_new_tokens', type=int, default=300)
+    add('--temperature', type=float, default=0.8, help='below 1: conservative, above: random')
+    add('--top_k', type=int, default=200, help='sample among the k most likely tokens only')
+    add('--seed', type=int, default=1337)
+    add('--n_loop', type=int, default=None, help='loops per token (default: the trained K)')
+    add('--exit', default='none', choices=('none',) + exits, help="a token's loops stop once: its "
+        "top probability >= threshold (confidence), KL to the last loop's <= it (kl), the state's "
+        'relative change <= it (latent)')
+    add('--exit_threshold', type=float, help='e.g. 0.9, 0.01, 0.2; lab/diagnose.py calibrates one')
+    add('--show_depth', action='store_true', help='mark each token with the loop it exited at')
+    add('--recompute', action='store_true', help='no KV cache (what sample.py always does)')
+    add('--device', default='auto', help='auto (cuda, else mps, else cpu), cpu, cuda or mps')
     return p
 
-
-def main(argv=None):
-    p = get_parser()
-    args = p.parse_args(argv)
-    at_least(p, '--n_loop', args.n_loop, 1)
-    if args.exit == 'gate' and args.exit_threshold is None:
-        args.exit_threshold = 0.5  # a probability: exit once leaving is more likely than not
+def run(p, args, load_model, generate):
+    """Check args, load the run, sample, print: sample.py's, and lab.sample's with its own two."""
+    if args.n_loop is not None and args.n_loop < 1:
+        p.error(f"--n_loop={args.n_loop} must be at least 1")
     if args.exit != 'none' and args.exit_threshold is None:
         p.error(f"--exit={args.exit} needs --exit_threshold")
-    if (not args.temperature > 0 or args.top_k < 1 or args.num_samples < 1
-            or args.max_new_tokens < 0):
-        p.error("need --temperature > 0, --top_k >= 1, --num_samples >= 1 "
-                "and --max_new_tokens >= 0")
-    threshold_finite = args.exit_threshold is None or math.isfinite(args.exit_threshold)
-    if not math.isfinite(args.temperature) or not threshold_finite:
+    if not (args.temperature > 0 and args.top_k > 0 and args.num_samples > 0
+            and args.max_new_tokens >= 0):
+        p.error("need --temperature > 0, --top_k >= 1, --num_samples >= 1 and "
+                "--max_new_tokens >= 0")
+    if not math.isfinite(args.temperature) or not math.isfinite(args.exit_threshold or 0):
         p.error("--temperature and --exit_threshold must be finite numbers")
     if not 0 <= args.seed < 2 ** 63:
         p.error(f"--seed={args.seed} must be between 0 and 2**63 - 1")
-
+    cuda, mps = torch.cuda.is_available(), torch.backends.mps.is_available()  # mps: Apple's GPU
+    device = args.device if args.device != 'auto' else 'cuda' if cuda else 'mps' if mps else 'cpu'
     try:
-        device = resolve_device(args.device).device  # fp32 and uncompiled, on any device
+        if {'cpu': True, 'cuda': cuda, 'mps': mps}.get(device.split(':')[0]) is not True:
+            raise ValueError(f"unknown device {device!r}, or not here: use auto, cpu, cuda or mps")
         model, ckpt = load_model(args.out_dir, device)
-        config = model.config
         encode, decode = get_codec(ckpt['meta'])
         start = args.start
-        if start.startswith('FILE:'):
-            with open(start[5:], encoding='utf-8') as f:
-                start = f.read()
+        if start.startswith('FILE:'):  # the prompt in a file
+            start = open(start[5:], encoding='utf-8').read()
         ids = encode(start)
     except (ValueError, OSError) as e:
         p.error(str(e))
     if not ids:
         p.error("the start text is empty")
-    if args.exit == 'gate' and model.exit_gate is None:
-        p.error(f"--exit=gate needs a model trained with --supervision=gated; {args.out_dir} has "
-                "no exit gate (use --exit=confidence, kl or latent)")
-
     torch.manual_seed(args.seed)  # the same seed gives the same samples
-    n_loop = args.n_loop or config.n_loop  # more than the trained K extrapolates, fewer exits early
-    print(f"{args.out_dir} at step {ckpt['step']}: {condition_name(config.to_dict())}, "
-          f"trained with K={config.n_loop}, sampling with {n_loop} loops per token")
-    prompt = torch.tensor(ids, dtype=torch.long, device=device)
-    x = prompt[None, :].repeat(args.num_samples, 1)  # (num_samples, T): all samples in one batch
+    c, n_loop = model.config, args.n_loop or model.config.n_loop  # above K: extrapolates
+    print(f"{args.out_dir} at step {ckpt['step']}: {c.supervision} + {c.readout}, trained with "
+          f"K={c.n_loop}, sampling with {n_loop} loops per token")
+    x = torch.tensor([ids] * args.num_samples, dtype=torch.long, device=device)  # (B, T)
     exit_rule = None if args.exit == 'none' else args.exit
-    # depth (num_samples, max_new_tokens): the loop at which each new token exited
-    y, depth = generate(model, x, args.max_new_tokens, temperature=args.temperature,
-                        top_k=args.top_k, n_loop=n_loop, exit_rule=exit_rule,
-                        exit_threshold=args.exit_threshold, cache=not args.recompute)
-    for row, used in zip(y.tolist(), depth.tolist()):  # each sample, with its own tokens' loops
-        if args.show_depth:
-            pieces = [decode([t]) for t in row[len(ids):]]  # the generated tokens' texts
-            print(show_depth(decode(ids), pieces, used, n_loop, sys.stdout.isatty()))
-        else:
-            print(decode(row))
-        print('---------------')
+    y, depth = generate(model, x, args.max_new_tokens, args.temperature, args.top_k,
+                        n_loop=n_loop, exit_rule=exit_rule, exit_threshold=args.exit_threshold)
+    for row, used in zip(y.tolist(), depth.tolist()):
+        pieces = [decode([t]) for t in row[len(ids):]]  # the generated tokens' texts
+        marked = show_depth(decode(ids), pieces, used, n_loop, sys.stdout.isatty())
+        print(marked if args.show_depth else decode(row), '---------------', sep='\n')
+    rule = f" (exit={args.exit}, threshold {args.exit_threshold:g})" if exit_rule else ''
     if depth.numel():
-        print(f"mean loops per token: {depth.float().mean().item():.2f} of {n_loop}"
-              + (f" (exit={args.exit}, threshold {args.exit_threshold:g})" if exit_rule else ''))
+        print(f"mean loops per token: {depth.float().mean().item():.2f} of {n_loop}{rule}")
 
+def main(argv=None):
+    p = get_parser()
+    run(p, p.parse_args(argv), load_model, generate)
 
 if __name__ == '__main__':
     main()

@@ -2,6 +2,11 @@
 The lab: everything around the model that the paper's measurements need. The model is looped.py and the training
 loop train.py, at the repository's root; the tools here run from the root as `python -m lab.<tool>`.
 
+    train          training a design: train.py's flags, data, loop and checkpoints with DesignedGPT
+                   (python -m lab.train <train.py's flags> <design flags>)
+    sample         sampling a design run's checkpoint, with the designs' own exits (python -m lab.sample)
+    paper          the paper's paired tables, the crossover's paired gap and the early-exit benchmark,
+                   from plot_norms.py's run folders (python -m lab.paper)
     designs        the field's looped designs, an extension of looped.py's model: DesignConfig, DesignedGPT, and
                    their train.py flags (add_design_flags; any of them on, train.py trains DesignedGPT)
     configs        the named configurations of train.py --config; its parser (FlagParser) and the checks of its

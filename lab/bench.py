@@ -46,7 +46,8 @@ import time
 import torch
 
 from data.common import check_writable, write_atomically
-import train  # lab/bench.py times train.py's training step, so it takes train.py's flags and model config
+import lab.train as lab_train  # train.py's flags with the designs', and the model they build
+import train  # lab/bench.py times train.py's training step
 from lab.report import fail, markdown
 from lab.runs import condition_name, load_model
 from lab.runtime import compile_regions, fmt_mfu, peak_flops, resolve_device, synchronize
@@ -158,10 +159,11 @@ def parse(argv=None):
         print('\nthe rest are train.py flags (python train.py --help)')
         sys.exit(0)
     try:
-        return mine, train.parse_args(rest)
+        return mine, lab_train.parse_args(rest)
     except SystemExit as e:  # train.py's parser names itself; the user typed python -m lab.bench
         code = str(e.code)
-        sys.exit(code.replace('train.py: error:', f'{PROG}: error:', 1) if code.startswith('train.py: error:') else e.code)
+        lab = f'{lab_train.PROG}: error:'
+        sys.exit(code.replace(lab, f'{PROG}: error:', 1) if code.startswith(lab) else e.code)
 
 
 def main(argv=None):
@@ -179,7 +181,7 @@ def main(argv=None):
         fail(PROG, "need --vocab_size >= 1, --steps >= 1 and --warmup >= 0")
     try:
         rt = resolve_device(args.device, args.dtype, args.compile)
-        GPT, config = train.model_config(args, mine.vocab_size)  # what train.py would build
+        GPT, config = lab_train.model_config(args, mine.vocab_size)  # what train.py would build
     except ValueError as e:
         fail(PROG, e)
     print(rt.describe())
@@ -284,7 +286,7 @@ def generation(mine, args):
             what = f"{mine.ckpt} (step {ckpt['step']})"
         else:
             torch.manual_seed(args.seed)
-            GPT, config = train.model_config(args, mine.vocab_size)
+            GPT, config = lab_train.model_config(args, mine.vocab_size)
             model, what = GPT(config).to(rt.device).eval(), 'random weights'
     except ValueError as e:
         fail(PROG, e)

@@ -29,7 +29,9 @@ group in --help (add_design_flags) off its default, or --supervision=gated, or -
 """
 
 import math
+import typing
 import zlib
+from collections import namedtuple
 from dataclasses import dataclass, fields
 from typing import Optional
 
@@ -42,6 +44,7 @@ from torch.utils.checkpoint import checkpoint
 
 from looped import CHOICES as PAPER_CHOICES
 from looped import MLP, Block, CausalSelfAttention, LoopedConfig, LoopedGPT, RMSNorm
+from train import boolean
 
 # The allowed values of every text field, the paper's and the designs'; the first is the default.
 CHOICES = {
@@ -419,33 +422,93 @@ def sampled_depth(config, seed, step):
 
 # ---- train.py's flags of the designs: a group of their own in --help, after the paper's
 
-def add_design_flags(parser):
-    """The designs' flags, one per DesignConfig field that LoopedConfig lacks, each default DesignConfig's (the
-    paper's --supervision and --recurrence, in train.py, also take gated and damped)."""
+# One entry per design field (each DesignConfig field that LoopedConfig lacks), in --help's order: its help, one
+# value off its default (the value the tests train it at, alone; a text field's is one of its CHOICES), and for a
+# True/False field the words a condition's name says it with (lab/configs.py: ' + <label>' when on, ' + no
+# <label>' when off; unset: the field's name). Its type, default and choices are the field's own.
+Flag = namedtuple('Flag', 'help example label', defaults=(None,))
+DESIGN_FLAGS = {
+    'gate_input': Flag("gated: the exit gate reads h_k itself (the authors') or the readout", 'readout'),
+    'gate_beta': Flag('gated: beta in sum_k p_k CE_k - beta H(p); H <= ln 4 = 1.39 at K = 4', 0.2),
+    'init': Flag("the authors', GPT-2's (head untied), or paper with small embeddings", 'gpt2'),
+    'mlp': Flag('SwiGLU (the paper) or GELU (GPT-2), hidden width 4d', 'gelu'),
+    'injection': Flag('what a pass runs on: h, h + e, W [h; e], or decay * h + Delta * B e', 'diagonal'),
+    'n_prelude': Flag('unshared layers run once on the embedding, before the loop', 1),
+    'n_coda': Flag('unshared layers between every h_k and its readout', 1),
+    'block': Flag('each sublayer x + f(norm(x)), sandwich, or deepnorm: norm(a x + f(x))', 'deepnorm'),
+    'depth_sampling': Flag('training only: K loops every step, or a drawn count of mean K', 'poisson_lognormal'),
+    'residual_scale': Flag("inverse_k: each pass's update scaled by 1/K", 'inverse_k'),
+    'bptt': Flag("the last exit's loss reaches the last bptt passes only; 0: all", 1),
+    'jacobian_penalty': Flag("w in w * ||v^T J||^2, J one pass's Jacobian (STARS)", 0.1),
+    'attention': Flag('fused kernels (sdpa), or the same math spelled out (manual)', 'manual'),
+}
+# the paper's flags that take a design's value too (train.py's --supervision and --recurrence), with theirs
+PAPER_FLAG_EXAMPLES = {'supervision': 'gated', 'recurrence': 'damped'}
+
+
+def design_examples(flags=DESIGN_FLAGS):
+    """{flag: one value off its default} for every flag that asks for a design alone: each design flag's
+    example, then --supervision=gated and --recurrence=damped."""
+    return {**{name: flag.example for name, flag in flags.items()}, **PAPER_FLAG_EXAMPLES}
+
+
+def design_fields(config=DesignConfig):
+    """config's fields that LoopedConfig lacks: the designs' own, each a flag of add_design_flags."""
+    paper = {f.name for f in fields(LoopedConfig)}
+    return [f for f in fields(config) if f.name not in paper]
+
+
+def add_design_flags(parser, config=DesignConfig, flags=DESIGN_FLAGS):
+    """The designs' flags, one per design field of config (its entry in flags: help), each default the field's
+    own; a text field takes its CHOICES, a number its type, a True/False field train.py's boolean (--x, --x=1,
+    --x=True, --x=False, as train.py's own True/False flags). The paper's --supervision and --recurrence, in
+    train.py, also take gated and damped. ValueError for a design field without an entry in flags."""
+    missing = [f.name for f in design_fields(config) if f.name not in flags]
+    if missing:
+        raise ValueError(f"lab/designs.py: give {', '.join(missing)} an entry in DESIGN_FLAGS (help, example)")
     g = parser.add_argument_group("the field's designs", "any of these off its default trains lab/designs.py's "
                                   "DesignedGPT, the extension of looped.py's LoopedGPT")
-    add = lambda name, **kw: g.add_argument(name, choices=CHOICES.get(name[2:]), **kw)
-    add('--gate_input', default='raw', help="gated: the exit gate reads h_k itself (the authors') or the readout")
-    add('--gate_beta', type=float, default=0.1,
-        help='gated: beta in sum_k p_k CE_k - beta H(p); H <= ln 4 = 1.39 at K = 4')
-    add('--init', default='paper', help="the authors', GPT-2's (head untied), or paper with small embeddings")
-    add('--mlp', default='swiglu', help='SwiGLU (the paper) or GELU (GPT-2), hidden width 4d')
-    add('--injection', default='none', help='what a pass runs on: h, h + e, W [h; e], or decay * h + Delta * B e')
-    add('--n_prelude', type=int, default=0, help='unshared layers run once on the embedding, before the loop')
-    add('--n_coda', type=int, default=0, help='unshared layers between every h_k and its readout')
-    add('--block', default='prenorm', help='each sublayer x + f(norm(x)), sandwich, or deepnorm: norm(a x + f(x))')
-    add('--depth_sampling', default='fixed', help='training only: K loops every step, or a drawn count of mean K')
-    add('--residual_scale', default='none', help="inverse_k: each pass's update scaled by 1/K")
-    add('--bptt', type=int, default=0, help="the last exit's loss reaches the last bptt passes only; 0: all")
-    add('--jacobian_penalty', type=float, default=0.0, help="w in w * ||v^T J||^2, J one pass's Jacobian (STARS)")
-    add('--attention', default='sdpa', help='fused kernels (sdpa), or the same math spelled out (manual)')
+    for f in design_fields(config):
+        kind, help = field_type(config, f.name), flags[f.name].help
+        if kind is bool:
+            g.add_argument('--' + f.name, type=boolean, nargs='?', const=True, default=f.default, help=help)
+        elif kind is str:
+            g.add_argument('--' + f.name, choices=CHOICES.get(f.name), default=f.default, help=help)
+        else:
+            g.add_argument('--' + f.name, type=kind, default=f.default, help=help)
     return g
+
+
+def field_type(config, name):
+    """The type a config field's flag reads its text as: the field's own (bool, int, float, str), the inner one
+    of an Optional field (alpha: float, tie_weights: bool). ValueError for a name that is not a field."""
+    hints = typing.get_type_hints(config)
+    if name not in hints:
+        raise ValueError(f"--{name} is not a field of {config.__name__}")
+    inner = [t for t in typing.get_args(hints[name]) if t is not type(None)]
+    return inner[0] if inner else hints[name]
+
+
+def flag_values(flags, config=DesignConfig):
+    """{field: value} of config's fields: their defaults, but for each flag ('--name=value', or '--name' alone
+    for a True/False field) read as train.py's parser reads it: a True/False field by train.py's boolean
+    (True/False/1/0/yes/no, the bare flag True), any other by its type. ValueError for a flag it cannot read."""
+    values = {f.name: f.default for f in fields(config)}
+    for flag in flags:
+        name, given, text = flag[2:].partition('=')
+        kind = field_type(config, name)
+        if not given and kind is not bool:
+            raise ValueError(f"--{name} needs a value (--{name}=...)")
+        try:
+            values[name] = (boolean(text) if given else True) if kind is bool else kind(text)
+        except Exception as e:  # argparse's ArgumentTypeError (boolean), or int's and float's ValueError
+            raise ValueError(f"{flag}: {e}") from None
+    return values
 
 
 def designs_asked(args):
     """Whether train.py's flags ask for a design, and so for DesignedGPT: one of add_design_flags' flags off its
     default, --supervision=gated or --recurrence=damped."""
-    paper = {f.name for f in fields(LoopedConfig)}
     return (args.supervision not in PAPER_CHOICES['supervision']
             or args.recurrence not in PAPER_CHOICES['recurrence']
-            or any(getattr(args, f.name) != f.default for f in fields(DesignConfig) if f.name not in paper))
+            or any(getattr(args, f.name) != f.default for f in design_fields()))

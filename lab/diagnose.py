@@ -381,8 +381,9 @@ def radial_gradient(model, x, y, K):
     kind, norm = model.readout.kind, model.readout.norm
     for k, ((g_h, g_y), g_total, s) in enumerate(zip(direct, total, states), 1):
         closed = math.nan
-        # loop k is read out through an RMSNorm straight from h_k (a coda comes between them: no closed form)
-        if not model.coda and (kind == 'rmsnorm' or (kind == 'final_norm' and k >= K)):
+        # loop k is read out through an RMSNorm straight from h_k (a coda comes between them: no closed form;
+        # looped.py's LoopedGPT has none)
+        if not getattr(model, 'coda', None) and (kind == 'rmsnorm' or (kind == 'final_norm' and k >= K)):
             radial = rmsnorm_radial_grad(s.detach(), g_y, norm.weight.detach(), norm.eps)
             closed = (radial.abs() / (g_h.norm(dim=-1) * s.detach().norm(dim=-1))).mean().item()
         rows.append([frac(g_h, s), frac(g_total, s), closed])
@@ -564,9 +565,19 @@ def print_depth_table(ce, K):
     print(fmt_row('ppl', np.exp(ce.mean(0))))
 
 
+def same_exit_note(depths, K):
+    """A one-line note when an exit rule sends every token out at the same loop (depths: (tokens,) ints), so that
+    its mean loops is no per-token decision at all; None when the tokens exit at different loops."""
+    if len(depths) == 0 or not (depths == depths[0]).all():
+        return None
+    loop = int(depths[0])
+    why = "no token exits early" if loop == K else "the rule does not tell tokens apart here"
+    return f"note: at this threshold every token exits at loop {loop} of {K}: {why}"
+
+
 def print_token_exit(ce, pmax, kl, latent, m, K):
     """Per token (sample.py's rules): calibrated on the first m tokens (the first half of the windows), reported on
-    the rest."""
+    the rest, with a note under a rule that sends every token out at the same loop."""
     print(f"\nearly exit per token (sample.py --exit): the threshold with the fewest mean loops whose perplexity "
           f"is within 1% of depth {K} on the first half of the windows, measured on the second half")
     for rule in EXITS:
@@ -574,6 +585,9 @@ def print_token_exit(ce, pmax, kl, latent, m, K):
         d = exit_depths(rule, t, pmax[m:], kl[m:], K, latent[m:])
         print(f"{rule:>10}: threshold {t:.4g}, mean loops {d.mean():.2f} of {K}, perplexity "
               f"{math.exp(ce[m:][np.arange(len(d)), d - 1].mean()):.3f} (depth {K}: {math.exp(ce[m:, K - 1].mean()):.3f})")
+        note = same_exit_note(d, K)
+        if note:
+            print(f"{'':>12}{note}")
 
 
 def print_sequence_exit(model, x, y, K, device):
@@ -690,8 +704,9 @@ def main(argv=None):
         print_radial_gradient(model, x, y, K)
         print_update_split(model, x, K)
         print_clamps(model, x, y, K)
-    if args.only == 'gate' or (args.only == 'all' and model.exit_gate is not None):
-        if model.exit_gate is None:
+    gate = getattr(model, 'exit_gate', None)  # looped.py's LoopedGPT has none; a gated design run has one
+    if args.only == 'gate' or (args.only == 'all' and gate is not None):
+        if gate is None:
             p.error(f"--only=gate: {args.out_dir} has no exit gate (not trained with --supervision=gated)")
         print_gate_alignment(model, x, K)
     if args.only in ('all', 'precision'):

@@ -98,7 +98,8 @@ class KVCache:
 def next_gate(model, h, k, cache=None):
     """Loop k's exit-gate logit for the last position, (B, T, C) -> (B,). A coda attends, so a gate
     on the head's input runs it on every position (and writes its cache entries again, the same)."""
-    return model.gate_logit(h if model.coda else h[:, -1:, :], k, cache)[:, -1]
+    coda = getattr(model, 'coda', None)  # looped.py's LoopedGPT has none (nor a gate)
+    return model.gate_logit(h if coda else h[:, -1:, :], k, cache)[:, -1]
 
 
 def next_logits(model, h, k, cache=None):

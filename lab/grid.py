@@ -1,11 +1,12 @@
 """
 Grids of conditions: what each condition is, training every one for every seed, reading the runs back.
 
-    python plot_norms.py --run                                # the paper's ten conditions, then the figures
-    python plot_norms.py --run --config=laptop_long --seeds=8 --conditions=per_loop-rmsnorm,per_loop-alpha
+    python -m lab.paper --run                                 # the paper's ten conditions, figures and tables
+    python -m lab.paper --run --config=laptop_long --seeds=8 --conditions=per_loop-rmsnorm,per_loop-alpha
     python -m lab.atlas                                           # the field's designs (grid 'atlas'), then its table
 
-What is here: the named grids (GRIDS: 'paper', the paper's ten conditions, CONDITIONS; 'claim4'; 'readouts';
+What is here: the named grids (GRIDS: plot_norms.py's 'paper', the paper's ten conditions, CONDITIONS, 'claim4' and
+'readouts', with the lab's;
 'atlas', every design of DESIGNS under rmsnorm and raw, each with its prediction written before its runs; 'gate',
 the learned exit gate beside per-loop supervision), each a fixed list of {condition name: train.py flags}, so that
 declaring a design in looped.py changes none of them; the grid each configuration runs by default; one folder per
@@ -16,12 +17,13 @@ condition together, in the grids' order), which the grid needs to tell a finishe
 A condition's name comes from its model config (lab.runs.condition_name), so a run made by hand is named the same
 way; it is reused by a grid only from the grid's own folder, with the grid's flags (seed 1.., GRID_FLAGS).
 
-Not here: the flags (plot_norms.py and lab/atlas.py parse --run, --seeds, --conditions, --train_args and pass them
-on), the figures and tables (plot_norms.py, lab/atlas.py), the paired statistics (lab/stats.py).
+Not here: the flags (lab/paper.py and lab/atlas.py parse --run, --seeds, --conditions, --train_args and pass them
+on), the figures and tables (plot_norms.py, lab/paper.py, lab/atlas.py), the paired statistics (lab/stats.py). The
+paper's grid and the log reader are plot_norms.py's (it stands alone, a handout; the lab builds on it): load_run
+adds to its read the lab's condition names and the defaults of flags newer than a log.
 """
 
 import glob
-import json
 import os
 import signal
 import subprocess
@@ -32,32 +34,19 @@ from collections import namedtuple
 from dataclasses import fields
 
 from lab.runs import condition_name
-from lab.designs import DesignConfig
+from lab.designs import DesignConfig, flag_values
+from plot_norms import CONDITIONS, DEFAULT_GRID, GRID_FLAGS, GRIDS as PAPER_GRIDS, LogError, read_log
+from plot_norms import group_runs as group_in_order
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository, where train.py is
 
 def flags_name(flags):
-    """The condition name of a list of train.py model flags ('--name=value'), as condition_name names its run."""
-    cfg = {f.name: f.default for f in fields(DesignConfig)}
-    for flag in flags:
-        name, value = flag[2:].split('=', 1)
-        cfg[name] = type(cfg[name])(value) if cfg[name] is not None else float(value)
-    return condition_name(cfg)
+    """The condition name of a list of train.py model flags ('--name=value', '--name' alone for a True/False
+    field), as condition_name names its run: each value read as the parser reads its flag (flag_values)."""
+    return condition_name(flag_values(flags, DesignConfig))
 
 
-# The paper's main grid plus the two variants its abstract names; each is one train.py run per seed.
-CONDITIONS = {
-    'terminal + rmsnorm': ['--supervision=terminal', '--readout=rmsnorm'],
-    'terminal + raw': ['--supervision=terminal', '--readout=raw'],
-    'per_loop + rmsnorm': ['--supervision=per_loop', '--readout=rmsnorm'],
-    'per_loop + raw': ['--supervision=per_loop', '--readout=raw'],
-    'per_loop + final_norm': ['--supervision=per_loop', '--readout=final_norm'],
-    'terminal + rmsnorm + penalty': ['--supervision=terminal', '--readout=rmsnorm', '--norm_penalty=0.01'],
-    'per_loop + rmsnorm + penalty': ['--supervision=per_loop', '--readout=rmsnorm', '--norm_penalty=0.01'],
-    'per_loop + layernorm': ['--supervision=per_loop', '--readout=layernorm'],
-    'per_loop + rmsnorm + normed': ['--supervision=per_loop', '--readout=rmsnorm', '--recurrence=normed'],
-    'per_loop + alpha': ['--supervision=per_loop', '--readout=alpha'],
-}
+# The paper's main grid plus the two variants its abstract names (CONDITIONS): plot_norms.py's, as is claim 4's.
 # The field's looped designs for the atlas ("does this design carry the state's scale from loop to loop, and does
 # the loss see it?"), one entry each: its train.py flags, then what the design rule predicts, written down before
 # the atlas was run (commit "atlas: predictions"): is the scale carried (nothing renormalizes the state between
@@ -135,9 +124,6 @@ def atlas_grid(init='paper', designs=None):
 
 
 ATLAS, ATLAS_DESIGN = atlas_grid()
-# Claim 4 (scale control wins at matched depth once training is long enough) compares per-loop runs only.
-CLAIM4 = ['per_loop + rmsnorm', 'per_loop + raw', 'per_loop + rmsnorm + penalty', 'per_loop + final_norm',
-          'per_loop + rmsnorm + normed', 'per_loop + alpha']
 # Gated supervision: Ouro's learned exit gate on the raw state under both readouts, and on the head's
 # input under rmsnorm (under raw the head reads h_k itself: the same gate), beside per-loop supervision's two
 # (their checkpoints: the exit rules at matched depth need them)
@@ -173,52 +159,24 @@ def cost_grid():
 
 
 COST, COST_SEEDS = cost_grid()
-# The named grids (plot_norms.py --grid): each a fixed list of conditions, so adding a design changes none of them
-GRIDS = {'paper': dict(CONDITIONS), 'claim4': {n: CONDITIONS[n] for n in CLAIM4}, 'atlas': ATLAS,
-         'readouts': {n: CONDITIONS[n] for n in ('per_loop + rmsnorm', 'per_loop + raw')}, 'gate': GATE}
-# the grid a configuration runs unless --grid says otherwise (laptop_deep asks whether the ranking of the two
-# readouts turns in a deeper stack, 13 minutes a run on 2 cores); any other configuration: the paper's ten
-DEFAULT_GRID = {'laptop_long': 'claim4', 'laptop_deep': 'readouts'}
-# Grid runs are shorter than single runs: on 'laptop' all ten fit in about 15 minutes on a 2-core CPU.
-GRID_FLAGS = {'laptop': ['--max_iters=200', '--eval_interval=40', '--eval_iters=4'],
-              'gpu_char': ['--max_iters=1000', '--eval_interval=100']}
+# The named grids (python -m lab.paper --grid): each a fixed list of conditions, so adding a design changes none of them
+# (plot_norms.py's paper, claim4 and readouts, the lab's atlas and gate; DEFAULT_GRID and GRID_FLAGS: plot_norms.py's)
+GRIDS = {'paper': PAPER_GRIDS['paper'], 'claim4': PAPER_GRIDS['claim4'], 'atlas': ATLAS,
+         'readouts': PAPER_GRIDS['readouts'], 'gate': GATE}
 
 
 # train.py's flags that are not model fields and came after the first logs, with their defaults (see load_run)
 NEWER_FLAGS = {'warmup_iters': 0, 'decay_lr': False, 'lr_decay_iters': None, 'min_lr': None}
 
 
-class LogError(Exception):
-    """A run folder that cannot be read; the message names the folder."""
-
-
 def load_run(folder):
-    """{'name', 'config', 'records'} from folder/log.jsonl; LogError with a one-line reason otherwise."""
-    path = os.path.join(folder, 'log.jsonl')
-    if not os.path.isfile(path):
-        raise LogError(f"{folder}: no log.jsonl (not a train.py run folder?)")
-    try:
-        with open(path) as f:
-            text = f.read()
-        # a run still training may be halfway through appending a line: read up to its last complete one
-        # (train.py's own log repair drops a cut last line the same way)
-        lines = [json.loads(line) for line in text[:text.rfind('\n') + 1].splitlines() if line.strip()]
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise LogError(f"{folder}: log.jsonl is not valid JSON lines ({e})") from None
-    if not lines:
-        raise LogError(f"{folder}: log.jsonl is empty")
-    head, records = lines[0], lines[1:]
-    need = {'step', 'train_loss', 'val_loss', 'hidden_norm', 'elapsed_s'}
-    K = head.get('config', {}).get('model', {}).get('n_loop')
-    # one scheme: val_loss and hidden_norm hold every depth 1..2K
-    if K is None or not all(need <= set(r) and len(r['val_loss']) == len(r['hidden_norm']) == 2 * K for r in records):
-        raise LogError(f"{folder}: log.jsonl is in an older or unknown format; rerun it with this train.py")
-    if not records:
-        raise LogError(f"{folder}: log.jsonl has no evaluation yet")
+    """{'name', 'config', 'records', ...} from folder/log.jsonl, read by plot_norms.read_log (LogError with a one-line
+    reason otherwise), under the lab's condition name, with the defaults of every flag the log predates."""
+    head, records, K = read_log(folder)
     # flags added since a log was written are at their defaults there, so an older run still pairs with a newer one
     model_defaults = {f.name: f.default for f in fields(DesignConfig) if f.name != 'vocab_size'}
-    config = {**model_defaults, **NEWER_FLAGS, **head['config']}
-    config['model'] = cfg = {**model_defaults, **head['config']['model']}
+    config = {**model_defaults, **NEWER_FLAGS, **head}
+    config['model'] = cfg = {**model_defaults, **head['model']}
     # K is each run's own: runs of different depths can share one plot
     return {'folder': folder, 'name': condition_name(cfg), 'config': config, 'records': records, 'K': K}
 
@@ -236,23 +194,9 @@ def load_runs(patterns, folders=()):
 
 
 def group_runs(runs):
-    """Runs that differ only in their seed together, in the order of the grids' conditions, then any others."""
-    # two runs are seeds of one condition when every flag but these agrees (max_iters: a resumed, longer run
-    # is still the same condition)
-    same = lambda run: json.dumps({k: v for k, v in run['config'].items()
-                                   if k not in ('seed', 'out_dir', 'resume', 'overwrite', 'max_iters')}, sort_keys=True)
-    by_setting = {}
-    for run in runs:
-        by_setting.setdefault(same(run), []).append(run)
-    groups = {}
-    for members in by_setting.values():
-        name = members[0]['name']
-        if name in groups:  # same condition, other settings (width, learning rate...): tell them apart
-            name += f" [{os.path.basename(os.path.normpath(members[0]['folder']))}]"
-        groups[name] = members
-    known = list(dict.fromkeys(name for conditions in GRIDS.values() for name in conditions))
-    order = known + sorted(set(groups) - set(known))
-    return {name: groups[name] for name in order if name in groups}
+    """Runs that differ only in their seed together, in the order of the grids' conditions, then any others
+    (plot_norms.group_runs, in the order of every grid here)."""
+    return group_in_order(runs, dict.fromkeys(name for conditions in GRIDS.values() for name in conditions))
 
 
 def slug(name):
@@ -276,10 +220,12 @@ def run_child(cmd):
         # its output goes to a file, not a pipe: reading a busy pipe to its end runs no Python signal handler until
         # the child exits, so a Ctrl-C landing between two reads would wait for the end of the run
         with tempfile.TemporaryFile('w+') as out:
-            # its own process group: a Ctrl-C in the terminal reaches only plot_norms, which passes it on once (the
+            # its own process group: a Ctrl-C in the terminal reaches only the grid, which passes it on once (the
             # child would take a second copy of the same keypress as "abort")
+            # python -m lab.train finds the repository from any folder the grid is run in
+            env = {**os.environ, 'PYTHONPATH': os.pathsep.join(filter(None, [ROOT, os.environ.get('PYTHONPATH')]))}
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, text=True,
-                                    process_group=0)
+                                    process_group=0, env=env)
             while pending:  # one that landed while the child was being started
                 proc.send_signal(pending.pop(0))
             while proc.poll() is None:  # a short sleep, not a blocking wait: forward() runs within 0.1 s
@@ -327,7 +273,7 @@ def run_grid(config, seeds, out_root, extra, names=None, grid=None, prog='plot_n
     for i, (name, flags, seed) in enumerate(jobs):
         folder = os.path.join(out_root, config, slug(name) + f"-seed{seed}")
         folders.append(folder)
-        cmd = [sys.executable, os.path.join(ROOT, 'train.py'), f'--config={config}', *GRID_FLAGS.get(config, []),
+        cmd = [sys.executable, '-m', 'lab.train', f'--config={config}', *GRID_FLAGS.get(config, []),
                *flags, f'--seed={seed}', f'--out_dir={folder}', *extra]
         state = 'new'
         committed = finished_in and os.path.join(finished_in, os.path.basename(folder))

@@ -3,6 +3,7 @@ Whose cost: the loop's or the readout's? The readout x loops interaction at the 
 
     python -m lab.interaction --run --part=1/2            # one worker (one thread); a second: --part=2/2
     python -m lab.interaction --fig_dir=figures/interaction   # the tables and figure, from the committed logs
+    python -m lab.interaction 'out/interaction/laptop/*'   # or from the run folders named
 
 Why: at the end of the convergence recipe (lab/converge.py: 4 layers x 128, paper init, warmup 100 then cosine
 to lr / 10 at step 3,000), rmsnorm - raw at depth K was +0.108 with K = 4 but already about +0.09 with K = 1
@@ -15,16 +16,24 @@ measured paired by seed: seed s gives one I from the four runs of seed s. The ru
 convergence recipe): seeds 4-6 of K = 4 rmsnorm, K = 4 raw and K = 1 rmsnorm; K = 1 raw seeds 1-6; and K = 4
 rmsnorm + norm penalty 0.01 seeds 1-3 (a change of the state's scale alone, rmsnorm's readout being
 scale-invariant). Seeds 1-3 of the other three cells are the convergence grid's committed runs
-(figures/converge/runs); the new logs go to figures/interaction/runs.
+(committed under figures/, in the convergence grid's folder); the new logs are committed in a folder of
+their own beside it (--committed).
 
 The predictions, families and margin below were written and committed before any of these runs.
 """
 
+import glob
 import os
 
-from lab.converge import RECIPE, STEPS, cell, parse_part
-from lab.grid import run_grid
-from lab.report import grid_folder_flags, run_main, runs_flags, split_flags, tool_parser
+import numpy as np
+
+from lab import converge
+from lab.converge import RECIPE, STEPS, at_k, by_cell, cell, last, parse_part
+from lab.cost import comparison_row, family_table, mean_sd, paired
+from lab.grid import ROOT, LogError, load_runs, run_grid
+from lab.report import (check_destination, fail, grid_folder_flags, markdown, pyplot, run_main, runs_flags,
+                        save_figure, split_flags, tool_parser, write_text)
+from lab.stats import fmt_number, paired_test
 
 PROG = 'python -m lab.interaction'
 
@@ -91,6 +100,282 @@ PREDICTIONS = {
 NORM_RANGES = {K4_RMS: (850, 1150), K4_RAW: (8, 15), K1_RMS: (600, 720), K1_RAW: (7, 15), PENALIZED: (10, 60)}
 
 
+# ---- reading the runs back: the interaction seed by seed, the families, the norms
+
+SEEDS = range(1, 7)  # the seeds the interaction and the readout's two gaps are planned over
+BEST_RATES = {'rmsnorm': '3e-3', 'raw': '2e-3'}  # each readout's best rate in the convergence sweep (FAMILIES)
+PLANNED = {'interaction': 6, 'interaction at best rates': 3, 'readout at K = 1': 6, 'readout at K = 4': 6,
+           'penalty 0.01': 3}  # the seeds each comparison is planned over, for a provisional reading
+
+
+def quartet(rates=None):
+    """An interaction's four cells, (K = 4 rmsnorm, K = 4 raw, K = 1 rmsnorm, K = 1 raw), each readout at its
+    rate ({readout: rate}; LR for both by default)."""
+    rates = rates or {'rmsnorm': LR, 'raw': LR}
+    return tuple(cell(rates[ro], ro, k) for k in (4, 1) for ro in ('rmsnorm', 'raw'))
+
+
+def readout_gaps(cells, rates=None, seeds=SEEDS):
+    """Seed by seed, the two gaps an interaction is made of: ({seed: (rmsnorm - raw at K = 4, rmsnorm - raw at
+    K = 1)} over the seeds whose four runs all finished, each run at its own depth K; {seed: [the cells it
+    lacks]} of the seeds that have some of the four but not all. An I needs all four runs of its seed, so a
+    seed short of one is left out whole, never paired across seeds."""
+    four = quartet(rates)
+    have = [cells.get(c, {}) for c in four]
+    present = sorted(s for s in set().union(*have) if s in seeds)
+    full = [s for s in present if all(s in h for h in have)]
+    gaps = {s: (at_k(have[0][s]) - at_k(have[1][s]), at_k(have[2][s]) - at_k(have[3][s])) for s in full}
+    return gaps, {s: [c for c, h in zip(four, have) if s not in h] for s in present if s not in gaps}
+
+
+def interaction(cells, rates=None, seeds=SEEDS):
+    """([seeds], [I_s]) with I_s = (rmsnorm - raw at K = 4) - (rmsnorm - raw at K = 1) of seed s."""
+    gaps, _ = readout_gaps(cells, rates, seeds)
+    return sorted(gaps), [gaps[s][0] - gaps[s][1] for s in sorted(gaps)]
+
+
+def interaction_rows(cells):
+    """The primary family: the interaction at LR, one comparison."""
+    return [comparison_row(f"I at lr {LR}: (rmsnorm - raw at K = 4) - (rmsnorm - raw at K = 1)",
+                           *interaction(cells), PREDICTIONS['interaction'])]
+
+
+def readout_rows(cells):
+    """The family 'readout and scale': the readout's gap at each depth, and what a smaller state does to it."""
+    return [comparison_row(f"lr {LR}: rmsnorm - raw at K = 1, depth 1", *paired(cells, K1_RMS, K1_RAW, at_k),
+                           PREDICTIONS['readout at K = 1']),
+            comparison_row(f"lr {LR}: rmsnorm - raw at K = 4, depth 4", *paired(cells, K4_RMS, K4_RAW, at_k),
+                           PREDICTIONS['readout at K = 4']),
+            comparison_row(f"lr {LR}: rmsnorm + penalty {PENALTY:g} - rmsnorm at K = 4, depth 4",
+                           *paired(cells, PENALIZED, K4_RMS, at_k), PREDICTIONS['penalty 0.01'])]
+
+
+def best_rate_rows(cells):
+    """The secondary family: the interaction with each readout at its own best rate, seeds 1-3."""
+    rms, raw = BEST_RATES['rmsnorm'], BEST_RATES['raw']
+    return [comparison_row(f"I with rmsnorm at lr {rms}, raw at lr {raw}",
+                           *interaction(cells, BEST_RATES, (1, 2, 3)), PREDICTIONS['interaction at best rates'])]
+
+
+def seed_table(cells):
+    """The interaction seed by seed (every number the primary test is made of), and the seeds left out."""
+    gaps, missing = readout_gaps(cells)
+    header = ['seed', 'rmsnorm - raw at K = 4', 'rmsnorm - raw at K = 1', 'I']
+    rows = [[s, fmt_number(d4), fmt_number(d1), fmt_number(d4 - d1)] for s, (d4, d1) in sorted(gaps.items())]
+    text = markdown(header, rows) if rows else 'No seed has all four runs yet.'
+    if missing:
+        text += '\n\nLeft out of the interaction (a seed needs all four runs): ' + '; '.join(
+            f"seed {s}, without {', '.join(lacks)}" for s, lacks in sorted(missing.items()))
+    return text
+
+
+def norm_of(run):
+    """||h_K||: the state's norm at the trained depth at the last evaluation."""
+    return last(run)['hidden_norm'][run['K'] - 1]
+
+
+def norms(cells):
+    """{cell: [||h_K|| of each finished seed]} of the cells NORM_RANGES names."""
+    return {c: [norm_of(r) for _, r in sorted(cells.get(c, {}).items())] for c in NORM_RANGES}
+
+
+def norm_table(cells):
+    """Each cell's ||h_K|| (mean ± SD over its seeds) beside the range predicted for it."""
+    header = ['cell', 'seeds', '||h_K||: mean ± SD', 'predicted', 'mean inside']
+    rows = []
+    for c, v in norms(cells).items():
+        lo, hi = NORM_RANGES[c]
+        inside = ('yes' if lo <= np.mean(v) <= hi else 'no') if v else '-'
+        rows.append([c, len(v), mean_sd(v, '.1f') if v else '-', f"{lo:,g}-{hi:,g}", inside])
+    return markdown(header, rows)
+
+
+# ---- every prediction, checked
+
+def row_check(row, ok, planned):
+    """(measured text, met or not) of one family's row; (text, None) while it has fewer than 2 seeds. Fewer
+    seeds than planned: the check is marked provisional, as the verdict may still change."""
+    if row['n'] < 2:
+        return 'not measured yet', None
+    seeds = ' '.join(map(str, row['seeds']))
+    text = f"{row['verdict']}, {fmt_number(row['mean'])} [{fmt_number(row['lo'])}, {fmt_number(row['hi'])}], " \
+           f"seeds {seeds}" + (f" (provisional: {row['n']} of the {planned} seeds planned)" if row['n'] < planned
+                               else '')
+    return text, ok(row)
+
+
+def norm_check(cells):
+    """The norms prediction: every cell's mean ||h_K|| inside its range; not measured until every cell has 2
+    seeds."""
+    values = norms(cells)
+    if any(len(v) < 2 for v in values.values()):
+        return 'not measured yet', None
+    text = '; '.join(f"{c} {np.mean(v):,.1f} ({len(v)} seeds)" for c, v in values.items())
+    return text, all(NORM_RANGES[c][0] <= np.mean(v) <= NORM_RANGES[c][1] for c, v in values.items())
+
+
+def prediction_checks(cells, families):
+    """Each prediction of PREDICTIONS against what was measured: [(key, 'met' | 'missed' | 'not measured yet',
+    the measurement)]. families: the rows of interaction_rows, readout_rows and best_rate_rows."""
+    (inter,), (k1, k4, pen), (best,) = [converge.verdict_rows(rows) for rows in families]
+    resolved = lambda lo, hi: lambda r: r['verdict'] == 'not resolved' and lo < r['mean'] < hi
+    higher = lambda lo, hi: lambda r: r['verdict'] == 'higher' and lo <= r['mean'] <= hi
+    checks = {
+        'interaction': row_check(inter, resolved(0, 0.06), PLANNED['interaction']),
+        'interaction at best rates': row_check(best, resolved(-0.03, 0.06), PLANNED['interaction at best rates']),
+        'readout at K = 1': row_check(k1, higher(0.05, 0.15), PLANNED['readout at K = 1']),
+        'readout at K = 4': row_check(k4, higher(0.08, 0.16), PLANNED['readout at K = 4']),
+        'penalty 0.01': row_check(pen, lambda r: r['verdict'] == 'lower' and r['mean'] < -0.02,
+                                  PLANNED['penalty 0.01']),
+        'norms': norm_check(cells),
+    }
+    out = []
+    for key in PREDICTIONS:
+        found, met = checks[key]
+        out.append((key, 'not measured yet' if met is None else ('met' if met else 'missed'), found))
+    return out
+
+
+def checks_text(checks):
+    """The checks as a list, each with its prediction, then the counts."""
+    lines = []
+    for key, word, found in checks:
+        measured = '' if word == 'not measured yet' else f" Measured: {found}"
+        lines.append(f"- {key}: {word}. Predicted: {PREDICTIONS[key]}.{measured}")
+    count = lambda word: sum(w == word for _, w, _ in checks)
+    lines += ['', f"Met: {count('met')}; missed: {count('missed')}; not measured yet: {count('not measured yet')} "
+                  f"(of {len(checks)} predictions)."]
+    return '\n'.join(lines)
+
+
+# ---- readings of the convergence grid's runs, not tests
+
+READING_STEPS = (100, 500, 1000, 1500)
+
+
+def convergence_cells(cells):
+    """The cells with the convergence grid's own runs alone (its jobs), so that its accounts are recomputed on
+    the runs they were declared over, and not on the seeds this grid adds to two of its cells."""
+    jobs = set(converge.jobs(converge.best_from_cells(cells)))
+    return {c: {s: r for s, r in runs.items() if (c, s) in jobs} for c, runs in cells.items()}
+
+
+def accounts_table(cells):
+    """lab.converge.accounts from each of READING_STEPS: each term's share of the cost's variance and its
+    Pearson r with the cost, to see how much of the first-exit account is the warmup's first steps."""
+    header = ['from step', 'points', 'pairs', 'first exit: share', 'first exit: r', 'wasted loops: share',
+              'wasted loops: r']
+    rows = []
+    for step in READING_STEPS:
+        acc = converge.accounts(cells, first_step=step)
+        if acc is not None:
+            rows.append([step, acc['points'], acc['pairs']] + [f"{acc[name][i]:{f}}" for name in
+                                                               ('first exit', 'wasted loops')
+                                                               for i, f in ((0, '.2f'), (1, '+.2f'))])
+    return markdown(header, rows) if rows else 'No pair of convergence runs has finished yet.'
+
+
+def turn_gain(cells, readout):
+    """Loop 2's turn and its gain L_1 - L_2 at every evaluation from step 500 of one readout's K = 4 convergence
+    runs: converge.accounts's points, one readout alone."""
+    turn, gain = [], []
+    for lr in converge.RATES:
+        for run in cells.get(cell(lr, readout), {}).values():
+            for rec in run['records']:
+                if rec['step'] >= 500:
+                    turn.append(rec['turn'][1])
+                    gain.append(rec['val_loss'][0] - rec['val_loss'][1])
+    return turn, gain
+
+
+def turn_text(cells):
+    """The turn's Spearman with the gain within each readout: pooled, a readout's larger turns and gains may
+    alone make the correlation; within one readout they cannot."""
+    lines = []
+    for ro in converge.READOUTS:
+        turn, gain = turn_gain(cells, ro)
+        lines.append(f"- {ro} runs alone: Spearman {converge.spearman(turn, gain):+.2f} over {len(turn)} "
+                     'evaluations' if len(turn) >= 3 else f"- {ro} runs alone: fewer than 3 evaluations")
+    acc = converge.accounts(cells)
+    if acc is not None:
+        lines.append(f"- both readouts pooled (as converge's accounts): Spearman {acc['turn']:+.2f} over "
+                     f"{acc['turn points']} evaluations")
+    return '\n'.join(lines)
+
+
+def readings_text(cells):
+    """The readings' section: the accounts from later first steps, and the turn within each readout."""
+    own = convergence_cells(cells)
+    return ("Readings, not tests: no prediction was written for them, and their points share runs (no p-value). "
+            "Over the convergence grid's own runs (every finished rmsnorm/raw pair of its K = 4 cells), "
+            "cost = first-exit gap + gain deficit at every evaluation from the step named; lab.converge "
+            "declared its accounts from step 100.\n\n" + accounts_table(own)
+            + "\n\nLoop 2's turn against its gain L_1 - L_2, Spearman, every evaluation from step 500 of the "
+              "convergence grid's K = 4 runs:\n\n" + turn_text(own))
+
+
+# ---- the table and the figure
+
+def intro():
+    """The table's head: the predictions as committed, and how to read a verdict."""
+    predictions = '\n'.join(f"- {name}: {text}" for name, text in PREDICTIONS.items())
+    return (f"# Whose cost: the readout x loops interaction's tables\n\nThe predictions, committed before any run "
+            f"(lab/interaction.py PREDICTIONS):\n\n{predictions}\n\nEvery run at lr {LR} unless named, at depth "
+            f"K at step {STEPS:,}. Margin +-{MARGIN:g} nats; Holm's correction within each family at {ALPHA:g}; "
+            "SD is the sample SD (ddof 1) of the seed-by-seed differences; 'seeds' lists them. Verdicts: "
+            "equivalent within the margin where TOST passes, else lower or higher where the two-sided test "
+            "passes, else not resolved (no difference shown, which is not no difference).")
+
+
+def tables(runs):
+    """table.md's text from the runs: the three families, the interaction seed by seed, the norms, every
+    prediction checked, the readings, and the runs not finished (left out)."""
+    cells, notes = by_cell(runs)
+    families = [interaction_rows(cells), readout_rows(cells), best_rate_rows(cells)]
+    titles = [(f"The interaction ({FAMILIES['interaction']})", 'I'),
+              (f"Readout and scale ({FAMILIES['readout and scale']})", 'difference'),
+              (f"The interaction at the best rates ({FAMILIES['interaction at best rates']})", 'I')]
+    parts = [intro()]
+    for (title, what), rows in zip(titles, families):
+        parts.append(f"## {title}\n\n{family_table(rows, what)}")
+    parts.append(f"## The interaction seed by seed (lr {LR}, each run at its own depth K)\n\n" + seed_table(cells))
+    parts.append(f"## ||h_K|| at step {STEPS:,} (the state's norm at depth K, the last evaluation)\n\n"
+                 + norm_table(cells))
+    parts.append("## Every prediction, checked\n\n" + checks_text(prediction_checks(cells, families)))
+    parts.append("## Readings of the convergence grid's runs (not tests)\n\n" + readings_text(cells))
+    if notes:
+        parts.append('Not finished (left out): ' + '; '.join(notes))
+    return '\n\n'.join(parts) + '\n'
+
+
+def figure(cells, path):
+    """fig_interaction.png: left, each seed's rmsnorm - raw at K = 1 and at K = 4 joined by a line (the
+    interaction is the line's rise); right, each seed's I, with the mean and its 95% t interval."""
+    plt = pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.4), gridspec_kw={'width_ratios': [3, 2]})
+    gaps, _ = readout_gaps(cells)
+    for s, (d4, d1) in sorted(gaps.items()):
+        left.plot([1, 4], [d1, d4], 'o-', alpha=0.7, label=f"seed {s}")
+    left.set(xticks=[1, 4], xticklabels=['K = 1', 'K = 4'], xlim=(0.5, 4.5),
+             ylabel=f"rmsnorm - raw at depth K, step {STEPS:,} (nats)")
+    left.set_title(f"The readout's cost at each depth, lr {LR} (seeds with all four runs)", fontsize=10)
+    values = [gaps[s][0] - gaps[s][1] for s in sorted(gaps)]
+    right.plot([0] * len(values), values, 'o', alpha=0.6, label='seeds')
+    if len(values) > 1:
+        t = paired_test(values, MARGIN)
+        right.errorbar([0.3], [t['mean']], yerr=[[t['mean'] - t['lo']], [t['hi'] - t['mean']]], fmt='s',
+                       color='k', capsize=5, label='mean, 95% t interval')
+    right.axhspan(-MARGIN, MARGIN, color='grey', alpha=0.2, label=f"+-{MARGIN:g} margin")
+    right.set(xticks=[], xlim=(-0.5, 0.8), ylabel='I (nats)')
+    right.set_title(f"I = (rmsnorm - raw at K = 4) - (at K = 1), {len(values)} seeds", fontsize=10)
+    for ax in (left, right):
+        ax.axhline(0, color='grey', lw=0.8)
+        ax.grid(True, alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    return save_figure(fig, path)
+
+
 # ---- the command
 
 def get_parser():
@@ -102,14 +387,40 @@ def get_parser():
     return p
 
 
+def default_folders():
+    """The run folders read when none are named: the convergence grid's committed runs (seeds 1-3 of three of
+    the four cells, and the best-rate cells) and this grid's committed runs."""
+    return sorted(glob.glob(os.path.join(ROOT, 'figures', 'converge', 'runs', '*'))
+                  + glob.glob(os.path.join(ROOT, 'figures', 'interaction', 'runs', '*')))
+
+
+def read_runs(named, trained):
+    """The runs named (folders or quoted globs) and those just trained; with none named, the default folders
+    beside the trained ones (a trained run reused from its committed folder is read once)."""
+    if named:
+        return load_runs(named, trained)
+    seen = {os.path.realpath(f) for f in trained}
+    return load_runs([], list(trained) + [f for f in default_folders() if os.path.realpath(f) not in seen])
+
+
 def main(argv=None):
     p = get_parser()
     args = p.parse_args(argv)
     extra = split_flags(p, args.train_args)
     part = parse_part(p, args.part)
+    check_destination(p, os.path.join(args.fig_dir, 'table.md'), '--fig_dir')  # before hours of training
+    trained = []
     if args.run:
-        run_grid(args.config, None, args.out_root, extra, grid=GRID, prog=PROG, finished_in=args.committed,
-                 jobs=JOBS, part=part)
+        trained = run_grid(args.config, None, args.out_root, extra, grid=GRID, prog=PROG,
+                           finished_in=args.committed, jobs=JOBS, part=part)
+    try:
+        runs = read_runs(args.runs, trained)
+    except LogError as e:
+        fail(PROG, e)
+    text = tables(runs)
+    write_text(os.path.join(args.fig_dir, 'table.md'), text)
+    figure(by_cell(runs)[0], os.path.join(args.fig_dir, 'fig_interaction.png'))
+    print(text + f"wrote {os.path.join(args.fig_dir, 'table.md')} and fig_interaction.png")
 
 
 if __name__ == '__main__':

@@ -88,7 +88,7 @@ def run_curves(folder, max_windows, device):
                             max_windows)
     _, (xb, yb) = diagnose.split_halves(x, y)
     ce, scores = diagnose.sequence_depth_stats(model, xb.to(device), yb.to(device), K,
-                                               gate=model.exit_gate is not None)
+                                               gate=getattr(model, 'exit_gate', None) is not None)
     return {name: read_at(*exit_curve(ce, s, K), depth_grid(K)) for name, s in scores.items()}
 
 

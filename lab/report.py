@@ -149,28 +149,11 @@ def run_main(main, prog):
 
 # ---- train.py's printed lines: the eval line (with what each design that is on has learned) and the progress line
 
-def state_turn(model, x, n_loop):
-    """Per loop k = 1..n_loop, the mean over tokens of the angle in degrees between h_{k-1} and h_k
-    (h_0: the embedding): how far each loop turns the state. The paper's mechanism: a pass adds an
-    update of roughly fixed size, so the larger ||h||, the smaller the turn and the less a later loop
-    can change the prediction."""
-    turns, h_prev = [], model.embed(x)
-    for _, h in model.loops(h_prev, n_loop):
-        turns.append(round(angle_deg(h_prev, h).mean().item(), 4))
-        h_prev = h
-    return turns
-
-
 def design_values(model, batch, ctx):
-    """What the designs that are on have learned or estimate, for the log and the eval line; and
-    for every run (looped.py's LoopedGPT or lab/designs.py's DesignedGPT) the turn of the state at
-    each loop 1..2K (state_turn), for the log alone."""
-    model.eval()
-    with torch.no_grad(), ctx:
-        values = {'turn': state_turn(model, batch[0], 2 * model.config.n_loop)}
-    model.train()
-    if model.config.readout == 'alpha':  # how much scale the readout has chosen to see
-        values['alpha'] = model.readout.norm.alpha().item()
+    """What the designs that are on have learned or estimate, for the log and the eval line (train.py
+    logs the turn and alpha itself): Parcae's decay, the damping, STARS's ||v^T J||, the exit gate's
+    distribution."""
+    values = {}
     diagonal, damping = getattr(model, 'diagonal', None), getattr(model, 'damping', None)
     exit_gate, jacobian = getattr(model, 'exit_gate', None), getattr(model.config, 'jacobian_penalty', 0)
     if diagonal is not None:  # Parcae's per-channel decay of the carried state
@@ -191,57 +174,13 @@ def design_values(model, batch, ctx):
     return values
 
 
-class Report:
-    """The two lines a run prints as it trains, and the progress line's clock and losses: the
-    objective trained and the last exit's cross-entropy of each step since the last line."""
-    def __init__(self, job):
-        self.job, self.step_start, self.losses, self.ces = job, job.step, [], []
-        self.peak = peak_flops(job.rt.device, job.rt.dtype)
-        self.flops_per_token = job.raw_model.flops_per_token()
-        self.t_start = self.t_last = time.time()
-
-    def design_values(self, batch):
-        """design_values (above) of the model that trains, on one validation batch."""
-        return design_values(self.job.raw_model, batch, self.job.rt.autocast)
-
-    def clock(self):
-        """The time since this report started, as 3m05s (or 1h02m)."""
-        return runs.fmt_time(time.time() - self.t_start)
-
-    def eval_line(self, record):
-        """'eval <step>: val loss by depth <K losses> | 2K <loss> | ||h_k|| <K norms> | 2K <n>'"""
-        loss, norm, K = record['val_loss'], record['hidden_norm'], self.job.config.n_loop
-        designs = {'alpha': 'alpha {:.3f}', 'decay': 'decay mean {:.3f} min {:.3f} max {:.3f}',
-                   'damping': 'damping {:.3f}', 'jacobian': '||vJ|| {:.3f}'}  # design_values'
-        extra = ''.join(f" | {form.format(*np.atleast_1d(record[key]))}"
-                        for key, form in designs.items() if key in record)
-        if 'exit_prob' in record:  # gated: p_k and |gate logit| at loops 1..K
-            extra += (f" | exit p {' '.join(f'{v:.3f}' for v in record['exit_prob'])}"
-                      f" | |gate logit| {' '.join(f'{v:.1f}' for v in record['gate_logit'])}")
-        return (f"eval {record['step']}: val loss by depth {' '.join(f'{v:.3f}' for v in loss[:K])}"
-                f" | 2K {loss[-1]:.3f} | ||h_k|| {' '.join(f'{v:.1f}' for v in norm[:K])}"
-                f" | 2K {norm[-1]:.1f}{extra}")
-
-    def progress_line(self, stats, r, steps):
-        """'step 20/500 | loss 2.5012 | ce_K 2.4843 | ||h_K|| 412.3 | 95 ms/step | ... | ETA 0m46s':
-        loss is the objective trained (as the supervision weighs the exits, plus any penalty), ce_K
-        the last exit's, each the mean over the `steps` steps since the last line, its micro-steps
-        and processes (float16 steps that the scaler skipped count in the clock, not in the means).
-        tok/s counts every process and micro-step; the clock leaves out evaluations and saves."""
-        job, max_iters = self.job, self.job.args.max_iters
-        step, tok = job.step, job.global_batch * job.config.block_size  # tokens per optimizer step
-        now = time.time()
-        dt = (now - self.t_last) / steps
-        eta = (now - self.t_start) / (step - self.step_start) * (max_iters - step)
-        mean = lambda xs: f"{torch.stack(xs).mean().item():.4f}" if xs else 'skipped'
-        # r: this step's drawn count, under the design --depth_sampling
-        depth = 'K' if getattr(job.config, 'depth_sampling', 'fixed') == 'fixed' else 'r'
-        drawn = '' if depth == 'K' else f"r {r} | "
-        skips = f" | float16 steps skipped {job.fp16_skips}" if job.fp16_skips else ''
-        line = (f"step {step}/{max_iters} | loss {mean(self.losses)} | {drawn}ce_{depth} "
-                f"{mean(self.ces)} | ||h_{depth}|| {stats['hidden_norm'][-1].item():.1f} | "
-                f"{dt * 1000:.0f} ms/step | "
-                f"{tok / dt:,.0f} tok/s | MFU {fmt_mfu(tok / dt, self.flops_per_token, self.peak)}"
-                f" | ETA {runs.fmt_time(eta)}{skips}")
-        self.t_last, self.losses, self.ces = now, [], []
-        return line
+def design_line(record):
+    """design_values' part of train.py's eval line: ' | decay mean ... | exit p ...' ('' if none)."""
+    designs = {'decay': 'decay mean {:.3f} min {:.3f} max {:.3f}', 'damping': 'damping {:.3f}',
+               'jacobian': '||vJ|| {:.3f}'}
+    extra = ''.join(f" | {form.format(*np.atleast_1d(record[key]))}"
+                    for key, form in designs.items() if key in record)
+    if 'exit_prob' in record:  # gated: p_k and |gate logit| at loops 1..K
+        extra += (f" | exit p {' '.join(f'{v:.3f}' for v in record['exit_prob'])}"
+                  f" | |gate logit| {' '.join(f'{v:.1f}' for v in record['gate_logit'])}")
+    return extra

@@ -1,16 +1,14 @@
 """
-Where a script runs: the device, dtype and compile choice (resolve_device, the one place that decides them), the
-timing helpers (synchronize, MFU), and the process group of a torchrun launch (setup_distributed and the rest).
-Every script calls resolve_device; only train.py starts processes.
+Where the lab's tools run: the device, dtype and compile choice (resolve_device), regional compilation with the
+designs' layers (compile_regions), and the timing helpers (synchronize, MFU). train.py resolves its own device
+and starts its own processes.
 """
 
-import os
-import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
+
+import train
 
 
 @dataclass
@@ -27,25 +25,6 @@ class Runtime:
     def compile_regions(self, model):
         """compile_regions (below): each layer and the head's loss, not the loop. Returns the model."""
         return compile_regions(model)
-
-    def check_replicas(self, raw_model, world, say):
-        """check_replicas (below): under torchrun, every process ends with rank 0's weights."""
-        check_replicas(raw_model, world, say)
-
-    def end_distributed(self, ok):
-        """end_distributed (below): leave torchrun's process group, if any."""
-        end_distributed(ok)
-
-    def agree(self, world, loss, ce, stop):
-        """Under torchrun every process must see the same loss and stop at the same step, or they hang: one
-        all-reduce a step (of the loss, the last exit's cross-entropy and the stop flag), which a single process
-        goes without. Returns (loss, ce, stop), the losses averaged over the processes."""
-        if world == 1:
-            return loss, ce, stop
-        shared = torch.stack([loss.float(), ce.float(), torch.tensor(float(stop), device=loss.device)])
-        dist.all_reduce(shared)
-        return shared[0] / world, shared[1] / world, shared[2].item() > 0
-
 
 # Dense (no sparsity) peak TFLOP/s for MFU, from NVIDIA's datasheets: (a part of the name torch gives the
 # device, bf16, float16, float32). float32 is the TF32 tensor-core peak where the GPU has one, since
@@ -79,49 +58,17 @@ def fmt_mfu(tokens_per_s, flops_per_token, peak):
     return 'n/a' if peak is None else f"{100 * tokens_per_s * flops_per_token / peak:.1f}%"
 
 
-def grad_scaler(rt):
-    """float16's loss scaling, which keeps small gradients from flushing to zero and skips a step whose
-    gradients overflowed; under any other dtype a pass-through (its scale, step and update do nothing more)."""
-    return torch.amp.GradScaler(rt.device_type, enabled=rt.dtype == 'float16')
-
-
 def synchronize(device_type):
     """Wait for the device's queued work (a no-op on a CPU), so that a timer measures the work itself."""
     {'cuda': torch.cuda.synchronize, 'mps': torch.mps.synchronize}.get(device_type, lambda: None)()
 
 
 def resolve_device(device='auto', dtype='auto', compile='auto'):
-    """The one place where device, dtype and compile are decided (every script calls it). 'auto' means: CUDA,
-    else MPS, else CPU; bf16 autocast on a CUDA GPU that has bf16, float16 autocast (with train.py's GradScaler)
-    on one that does not, as nanoGPT chooses, float32 elsewhere; compile on CUDA only (on a CPU it costs about
-    30 s and gains nothing at this size). ValueError with a one-line message for a device this machine does not
-    have, or for float16 off CUDA."""
-    if device == 'auto':
-        device = 'cuda' if torch.cuda.is_available() else 'mps' if torch.backends.mps.is_available() else 'cpu'
-    try:
-        device_type = torch.device(device).type
-    except RuntimeError:
-        raise ValueError(f"unknown device {device!r}: use auto, cpu, cuda, cuda:N or mps") from None
-    if device_type == 'cuda' and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r}: torch sees no CUDA GPU here")
-    if device_type == 'mps' and not torch.backends.mps.is_available():
-        raise ValueError(f"device {device!r}: MPS (Apple GPU) is not available here")
-    if device_type not in ('cpu', 'cuda', 'mps'):
-        raise ValueError(f"device {device!r}: only cpu, cuda and mps are supported")
-    if dtype == 'auto' and device_type == 'cuda':  # emulated bf16 (a T4's) would be slow: float16 there
-        dtype = 'bfloat16' if torch.cuda.is_bf16_supported(including_emulation=False) else 'float16'
-    elif dtype == 'auto':
-        dtype = 'float32'
-    if dtype == 'float16' and device_type != 'cuda':
-        raise ValueError(f"--dtype=float16 needs CUDA (its GradScaler is for GPUs); on {device_type} use "
-                         "float32 or bfloat16")
-    if device_type == 'cuda':
-        torch.backends.cuda.matmul.allow_tf32 = True  # TF32 for any fp32 matmul that autocast leaves alone
-        torch.backends.cudnn.allow_tf32 = True
-    # autocast: weights and the residual stream stay fp32, matmuls run in bf16 or float16
-    half = {'bfloat16': torch.bfloat16, 'float16': torch.float16}.get(dtype)
-    ctx = torch.autocast(device_type, dtype=half) if half else nullcontext()
-    return Runtime(device, device_type, dtype, device_type == 'cuda' if compile == 'auto' else bool(compile), ctx)
+    """train.py's choice of device, dtype and compile (its resolve_device: 'auto' is CUDA, else MPS, else CPU;
+    bf16 on a GPU that has it, else float16; compile on CUDA only), as a Runtime. ValueError in one line for a
+    device this machine does not have, or float16 off CUDA."""
+    device, dtype, compile, ctx = train.resolve_device(device, dtype, compile)
+    return Runtime(device, torch.device(device).type, dtype, bool(compile), ctx)
 
 
 def compile_regions(model):
@@ -139,47 +86,3 @@ def compile_regions(model):
     # one, and `del model.head_loss` brings back the plain method
     model.head_loss = torch.compile(model.head_loss)
     return model
-
-
-# ---- several processes (torchrun): the process group, and the check that it did its job
-
-def setup_distributed(rt):
-    """Under torchrun (RANK is set): join the process group, NCCL with one GPU per process or gloo on CPUs.
-    Returns (rank, world size); (0, 1) for a plain run."""
-    if 'RANK' not in os.environ:
-        return 0, 1
-    if not dist.is_initialized():
-        dist.init_process_group(backend='nccl' if rt.device_type == 'cuda' else 'gloo')
-    if rt.device_type == 'cuda':
-        rt.device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
-        torch.cuda.set_device(rt.device)
-    return dist.get_rank(), dist.get_world_size()
-
-
-def end_distributed(ok):
-    """Leave the process group, if any: after a barrier when the run ended well, so that no process tears the
-    group down while another still uses it."""
-    if not dist.is_initialized():
-        return
-    if ok:
-        dist.barrier()
-    dist.destroy_process_group()
-    # gloo's threads let go of the last collectives' tensors a moment after they complete, and need the GIL for
-    # it; a process that exits first aborts in Python's shutdown (SIGABRT in 3 of 39 two-process runs on CPU,
-    # torch 2.13; none in 100 with this sleep, which hands them the GIL)
-    time.sleep(0.05)
-
-
-def check_replicas(raw_model, world, say):
-    """The point of DDP: every process ends with the same weights; compared here tensor by tensor with rank 0's."""
-    if world == 1:
-        return
-    differ = 0
-    for p in raw_model.parameters():
-        theirs = p.detach().clone()
-        dist.broadcast(theirs, src=0)
-        differ += int(not torch.equal(theirs, p.detach()))
-    differ = torch.tensor([differ], device=next(raw_model.parameters()).device)  # NCCL reduces GPU tensors only
-    dist.all_reduce(differ)
-    say(f"weights identical on all {world} processes: {differ.item() == 0} "
-        f"({len(list(raw_model.parameters()))} tensors compared with rank 0's)")

@@ -1,4 +1,4 @@
-"""Run train.py's main() under torchrun, watching from outside train.py: this process's first training batches are
+"""Run train.py's main() (through python -m lab.train's, so designs train too) under torchrun, watching from outside train.py: this process's first training batches are
 saved to $WEIGHTS_DIR/rank<R>-batches.pt as they are drawn, and its final weights to $WEIGHTS_DIR/rank<R>.pt once
 main() returns, so that a test can compare what every process trained on and every parameter tensor it ended
 with, instead of trusting train.py's report.
@@ -17,7 +17,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import train  # noqa: E402  (after the path: this file runs as a script from anywhere)
+from lab import train  # noqa: E402  (after the path; lab.train: train.py's main, designs too)
 
 OUT, RANK = os.environ['WEIGHTS_DIR'], os.environ['RANK']
 KEPT_BATCHES = 2

@@ -73,7 +73,9 @@ def shrink(cmd):
             notes.append(name + ' + ' + flags)
             return f"{match.group(0).rstrip()} {flags}"
         return re.sub(script + r'[^;&|]*', add, text)
-    if 'plot_norms.py' in cmd and '--run' in cmd:  # a shrunk grid: 2 seeds at most, 2 conditions, 4 steps
+    tool = r'plot_norms\.py' if 'plot_norms.py' in cmd else r'-m lab\.paper'  # the figures, or with the tables
+    benchmark = '-m lab.paper' in cmd and '--exit_windows=0' not in cmd  # lab.paper's early-exit benchmark
+    if re.search(tool, cmd) and '--run' in cmd:  # a shrunk grid: 2 seeds at most, 2 conditions, 4 steps
         seeds = min(int((re.search(r'--seeds=(\d+)', cmd) or [0, 1])[1]), 2)
         grid = re.search(r'--grid=(\w+)', cmd)  # another grid than the paper's: all of a small one
         small = grid and len(grid_slugs(grid[1])) <= 6
@@ -83,10 +85,10 @@ def shrink(cmd):
         documented = re.search(r"--train_args='([^']*)'", cmd)  # kept (an --init, say), the tiny steps after it
         train_args = (documented[1] + ' ' if documented else '') + TINY_TRAIN
         flags = (f"--seeds={seeds} --conditions={given[1] if given else conditions} --train_args='{train_args}'"
-                 + ('' if '--exit_windows=0' in cmd else ' --exit_windows=4'))
-        cmd = append(r'plot_norms\.py', flags, cmd)
-    elif 'plot_norms.py' in cmd and '--exit_windows=0' not in cmd:
-        cmd = append(r'plot_norms\.py', '--exit_windows=4', cmd)
+                 + (' --exit_windows=4' if benchmark else ''))
+        cmd = append(tool, flags, cmd)
+    elif benchmark:
+        cmd = append(r'-m lab\.paper', '--exit_windows=4', cmd)
     if re.search(r'-m lab\.atlas(?! \')', cmd):  # the atlas trains all twenty conditions: one seed of 4 steps each
         cmd = append(r'-m lab\.atlas', f"--seeds=1 --train_args='{TINY_TRAIN}'", cmd)
     if '-m lab.cost' in cmd and '--run' in cmd:  # the cost grid's 43 runs: one seed of its 13 cells, 4 steps each
@@ -161,10 +163,11 @@ def written_files(cmd):
     if re.search(r'(?<!\w)train\.py', cmd) and '$' not in cmd and not re.search('paper_', cmd):
         out = flag('out_dir')
         return [os.path.join(out, 'log.jsonl'), os.path.join(out, 'ckpt.pt')] if out else []
-    if 'plot_norms.py' in cmd:
+    if 'plot_norms.py' in cmd or '-m lab.paper' in cmd:
         fig_dir = flag('fig_dir') or (os.path.join('out', 'figures', flag('config', 'laptop')) if '--run' in cmd
                                       else os.path.join('out', 'figures'))
-        return [os.path.join(fig_dir, 'table.md'), os.path.join(fig_dir, 'fig1_norm_explosion.png')]
+        table = [os.path.join(fig_dir, 'table.md')] if '-m lab.paper' in cmd else []  # plot_norms.py: figures only
+        return table + [os.path.join(fig_dir, 'fig1_norm_explosion.png')]
     if 'lab.diagnose' in cmd and re.search(r'--only=(all|lemma)|^(?!.*--only)', cmd):
         return [flag('fig') or os.path.join(flag('out_dir', 'out/laptop'), 'lemma.png')]
     return []

@@ -3,6 +3,7 @@ Mutation check of the core: does the test suite fail when the code is wrong?
 
     python tests/mutations.py              # every breakage below (a few minutes on 2 cores)
     python tests/mutations.py --only=kl    # the breakages with a word starting 'kl' (any case): the KL rule
+    python tests/mutations.py --only='add injects e at pass 1 only'   # one breakage, by its whole name
     python tests/mutations.py --list       # what would run
 
 Each breakage is one realistic one-line mistake (a student's, or a careless refactor's), written into a scratch
@@ -55,8 +56,8 @@ MUTATIONS = [
      '    if (f.name, value) in NAMED:',
      '    if False:',
      ['tests/test_registry.py::test_run_names_and_condition_names_of_the_existing_variants']),
-    ('a non-finite loss named at the wrong step', 'train.py', 'at step {step - len(values) + 1 + i}',
-     'at step {step}', ['tests/test_train.py::test_nan_loss_stops_and_keeps_last_checkpoint']),
+    ('a non-finite loss named at the wrong step', 'train.py', 'at step {r.step - len(values) + 1 + i}',
+     'at step {r.step}', ['tests/test_train.py::test_nan_loss_stops_and_keeps_last_checkpoint']),
     # ---- the field's designs (lab/designs.py's injection, prelude/coda, block, depth_sampling, bptt, latent exit)
     ('concat adapter starts at zero', 'lab/designs.py', 'self.adapter.weight.copy_(torch.eye(c.n_embd, 2 * c.n_embd))',
      'self.adapter.weight.zero_()', ['tests/test_designs.py::test_concat_at_init_computes_what_none_does']),
@@ -179,8 +180,8 @@ MUTATIONS = [
      'stay = stay * (1 - torch.sigmoid(next_gate(model, h, k, cache)))',
      'stay = 1 - torch.sigmoid(next_gate(model, h, k, cache))',
      ['tests/test_gate.py::test_each_sequence_exits_where_its_own_cumulative_exit_probability_reaches_the_threshold']),
-    ('exit distribution left out of the eval line', 'lab/report.py', "        if 'exit_prob' in record:",
-     '        if False:', ['tests/test_gate.py::test_gated_training_shows_the_exit_distribution_in_the_eval_line']),
+    ('exit distribution left out of the eval line', 'lab/report.py', "    if 'exit_prob' in record:",
+     '    if False:', ['tests/test_gate.py::test_gated_training_shows_the_exit_distribution_in_the_eval_line']),
     ('matched-depth kl score forgets the previous loop', 'lab/diagnose.py', "h_prev, prev = h, logp", "h_prev = h",
      ['tests/test_diagnose.py::test_a_windows_kl_score_is_minus_its_mean_kl_to_the_loop_before']),
     ('gate score forgets the earlier loops', 'lab/diagnose.py',
@@ -199,7 +200,7 @@ MUTATIONS = [
     ('the default reference ignores the runs\' init', 'lab/stats.py', "return under_init[0] if REFERENCE not in names",
      "return under_init[0] if False",
      ['tests/test_plot.py::test_the_default_reference_is_per_loop_rmsnorm_under_the_runs_own_init']),
-    ('table drops the exit probability', 'plot_norms.py', "loop_means(last, 'exit_prob', K, '.3f')", "''",
+    ('table drops the exit probability', 'lab/paper.py', "loop_means(last, 'exit_prob', K, '.3f')", "''",
      ['tests/test_gate.py::test_the_gate_against_the_rules_in_its_own_runs_and_its_table']),
     # ---- what a nanoGPT user reads and types (tests/test_nanogpt_user.py): the schedule, float16, every printed figure
     ('cosine decay is linear', 'train.py', 'return args.min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (lr - args.min_lr)',
@@ -207,33 +208,35 @@ MUTATIONS = [
      [N + 'test_decay_lr_is_nanogpts_cosine_after_this_repositorys_warmup_then_min_lr']),
     ('decay ignores the warmup', 'train.py', 'progress = (step - warmup) / (args.lr_decay_iters - warmup)',
      'progress = step / args.lr_decay_iters', [N + 'test_decay_lr_is_nanogpts_cosine_after_this_repositorys_warmup_then_min_lr']),
-    ('resume forgets the schedule', 'lab/runs.py', "'learning_rate', 'warmup_iters', 'decay_lr', 'lr_decay_iters', 'min_lr'):",
+    ('resume forgets the schedule', 'train.py',
+     "'learning_rate', 'warmup_iters', 'decay_lr', 'lr_decay_iters',\n                 'min_lr'):",
      "):", [N + 'test_a_resumed_run_continues_the_schedule_exactly']),
-    ('clipping the scaled gradients', 'train.py', '        scaler.unscale_(optimizer)  #', '        pass  #',
+    ('clipping the scaled gradients', 'train.py', '            r.scaler.unscale_(r.optimizer)  #', '            pass  #',
      [N + 'test_the_scaler_leaves_every_update_as_it_is_without_it']),
-    ('scaler state not restored', 'lab/runs.py', "        scaler.load_state_dict(ckpt['scaler'])", '        pass',
+    ('scaler state not restored', 'train.py', "        r.scaler.load_state_dict(ckpt['scaler'])", '        pass',
      [N + 'test_the_gradscalers_state_is_saved_and_restored_with_the_checkpoint']),
-    ('a skipped float16 step not counted', 'train.py', '            job.fp16_skips += 1', '            pass',
+    ('a skipped float16 step not counted', 'train.py', '            progress.skips += 1', '            pass',
      [N + 'test_a_step_the_scaler_skips_is_not_a_divergence']),
     ('progress loss is the last exit', 'train.py', '            progress.losses.append(lossf)',
      "            progress.losses.append(stats['ce'][-1])", [N + 'test_the_progress_lines_loss_at_step_1_is_the_objective_trained']),
-    ('ETA from the last interval alone', 'lab/report.py', 'eta = (now - self.t_start) / (step - self.step_start) * (max_iters - step)',
+    ('ETA from the last interval alone', 'train.py', 'eta = (now - self.t_start) / (step - self.step_start) * (max_iters - step)',
      'eta = dt * (max_iters - step)', [N + 'test_the_progress_lines_clock_tokens_and_eta_by_hand']),
-    ('tok/s forgets accumulation and processes', 'lab/report.py', 'tok = job.step, job.global_batch * job.config.block_size',
-     'tok = job.step, job.args.batch_size * job.config.block_size', [N + 'test_the_progress_lines_clock_tokens_and_eta_by_hand']),
+    ('tok/s forgets accumulation and processes', 'train.py',
+     'progress = Progress(r.step, r.global_batch * r.config.block_size,',
+     'progress = Progress(r.step, args.batch_size * r.config.block_size,', [N + 'test_the_progress_lines_clock_tokens_and_eta_by_hand']),
     ('evaluation averages batches as equals', 'train.py',
      "ce, norm = ce + len(x) * stats['ce'].float(), norm + len(x) * stats['hidden_norm'].float()",
      "ce, norm = ce + 4 * stats['ce'].float(), norm + 4 * stats['hidden_norm'].float()",
      [N + 'test_an_evaluation_weighs_a_short_last_batch_by_its_size']),
-    ('best validation loss is the last', 'train.py', "job.best_val_loss = min(job.best_val_loss, record['val_loss'][K - 1])",
-     "job.best_val_loss = record['val_loss'][K - 1]", [N + 'test_the_best_validation_loss_is_the_lowest_so_far_not_the_last']),
-    ('a nanoGPT habit left to argparse', 'lab/configs.py', '        if name in NANOGPT_HABITS:', '        if False:',
+    ('best validation loss is the last', 'train.py', 'r.best_val_loss = min(r.best_val_loss, val_loss[K - 1])',
+     'r.best_val_loss = val_loss[K - 1]', [N + 'test_the_best_validation_loss_is_the_lowest_so_far_not_the_last']),
+    ('a nanoGPT habit left to argparse', 'train.py', "            if arg.startswith('--') and name in HABITS:", '            if False:',
      [N + 'test_each_nanogpt_habit_is_one_line_naming_this_repositorys_way']),
     ('an H100 PCIe counted as an SXM', 'lab/runtime.py', "('H100 PCIe', 756, 756, 378), ('H100 NVL', 835, 835, 418), ('H100', 989, 989, 495),",
      "('H100', 989, 989, 495), ('H100 PCIe', 756, 756, 378), ('H100 NVL', 835, 835, 418),",
      [N + 'test_mfu_knows_each_gpus_peak_in_the_dtype_in_use']),
-    ('auto dtype never float16', 'lab/runtime.py', "if torch.cuda.is_bf16_supported(including_emulation=False) else 'float16'",
-     "if torch.cuda.is_bf16_supported(including_emulation=False) else 'float32'",
+    ('auto dtype never float16', 'train.py', "torch.cuda.is_bf16_supported(including_emulation=False) else 'float16'",
+     "torch.cuda.is_bf16_supported(including_emulation=False) else 'float32'",
      [N + 'test_auto_dtype_on_cuda_is_bf16_where_the_gpu_has_it_and_float16_elsewhere']),
     ('per-loop readouts kept for backward (bench)', 'looped.py',
      'ce = checkpoint(self.loop_loss, h, k, targets, use_reentrant=False)[1]',
@@ -303,8 +306,12 @@ MUTATIONS = [
      '            return h[~done], e[~done]',
      '            return h[~done], e',
      ['tests/test_designs.py::test_the_exit_benchmark_drops_exited_rows_of_e_too']),
-    ('a config field without a train.py flag', 'lab/designs.py', "    add('--bptt', type=int, default=0,",
-     "    pass  # add('--bptt', type=int, default=0,", ['tests/test_designs.py::test_every_config_field_is_a_flag_that_reaches_the_model_and_the_checkpoint']),
+    ('a config field without a train.py flag', 'lab/designs.py', '    for f in design_fields(config):\n',
+     '    for f in design_fields(config)[:-1]:\n', ['tests/test_designs.py::test_every_config_field_is_a_flag_that_reaches_the_model_and_the_checkpoint']),
+    ("a grid reads a boolean flag's 'False' as True", 'lab/designs.py',
+     "values[name] = (boolean(text) if given else True) if kind is bool else kind(text)",
+     "values[name] = kind(text) if given else True",
+     ['tests/test_design_flags.py::test_a_false_boolean_flag_names_the_default_condition_not_the_true_one']),
     ('warmup off by one step', 'train.py', 'return lr * ((step + 1) / warmup)',
      'return lr * (step / warmup)',
      ['tests/test_designs.py::test_warmup_raises_the_learning_rate_linearly_then_holds_it']),
@@ -320,7 +327,7 @@ MUTATIONS = [
      'return self.lm_head(self.exit_input(h, K)[:, -1:, :]), None, stats',
      'return self.lm_head(self.exit_input(h[:, -1:, :], K)), None, stats',
      ['tests/test_designs.py::test_the_prelude_runs_once_and_the_coda_at_every_readout']),
-    ('a resumed run draws its depths from the default seed', 'lab/runs.py', "for name in ('dataset', 'seed', 'learning_rate',",
+    ('a resumed run draws its depths from the default seed', 'train.py', "for name in ('dataset', 'seed', 'learning_rate',",
      "for name in ('dataset', 'learning_rate',",
      ['tests/test_designs.py::test_sampled_depth_trains_at_the_drawn_count_and_resumes_the_same_sequence']),
     # ---- generation controls
@@ -402,8 +409,8 @@ MUTATIONS = [
      '        h = self.carry(e)\n        for k in range(1, n_loop + 1):',
      ['tests/test_model.py']),
     ('yield after the inter-loop norm', 'looped.py',
-     '            yield k, h\n            h = self.carry(h)',
-     '            h = self.carry(h)\n            yield k, h',
+     '            yield k, h\n',
+     '            yield k, self.carry(h)\n',
      ['tests/test_model.py']),
     ('shared stack applied once per loop, not its layers', 'looped.py',
      '        for i, block in enumerate(self.blocks):',
@@ -452,28 +459,28 @@ MUTATIONS = [
     ('sample.py ignores --n_loop', 'sample.py', 'n_loop=n_loop, exit_rule=exit_rule', 'n_loop=None, exit_rule=exit_rule',
      ['tests/test_train.py::test_sample_prints_text_at_other_loop_counts']),
     # ---- training: resume, the lock, log repair, divergence
-    ('resume forgets the batch order', 'lab/runs.py', "    data.gen.set_state(ckpt['rng']['batches'].cpu())",
+    ('resume forgets the batch order', 'train.py', "    r.data.gen.set_state(ckpt['rng']['batches'].cpu())",
      '    pass', ['tests/test_train.py::test_resume_continues_the_same_curve']),
-    ('no lock on out_dir', 'lab/runs.py', '            self._lock()', '            pass',
+    ('no lock on out_dir', 'lab/train.py', '        self.lock = lock_folder(args.out_dir)', '        self.lock = None',
      ['tests/test_train.py::test_a_lock_held_by_a_live_process_refuses_the_run_and_names_its_pid']),
-    ('log repair keeps records past the checkpoint', 'lab/runs.py', "            if last < step <= ckpt['last_eval_step']:",
-     '            if last < step:', ['tests/test_faults.py::test_resume_drops_records_past_the_checkpoint']),
-    ('log repair does not restore a lost record', 'lab/runs.py',
-     "        restored = ckpt.get('record') is not None and last < ckpt['last_eval_step']", '        restored = False',
+    ('log repair keeps records past the checkpoint', 'train.py',
+     "kept = [r for r in records[1:] if r['step'] <= ckpt['last_eval_step']]", 'kept = [r for r in records[1:]]', ['tests/test_faults.py::test_resume_drops_records_past_the_checkpoint']),
+    ('log repair does not restore a lost record', 'train.py',
+     "    if ckpt.get('record') and (not kept or kept[-1]['step'] < ckpt['last_eval_step']):", '    if False:',
      ['tests/test_faults.py::test_resume_repairs_a_cut_line_and_restores_a_lost_record']),
-    ('a folder mixing two runs is resumed', 'lab/runs.py', "        if head.get('run_id') != ckpt.get('run_id'):", '        if False:',
+    ('a folder mixing two runs is resumed', 'train.py', "    if records[0].get('run_id') != ckpt.get('run_id'):", '    if False:',
      ['tests/test_faults.py::test_resume_refuses_a_folder_that_mixes_two_runs']),
     ('NaN training loss not stopped', 'train.py', '        if not math.isfinite(v):', '        if False:',
      ['tests/test_train.py::test_nan_loss_stops_and_keeps_last_checkpoint']),
-    ('evaluation stops at K instead of 2K', 'train.py', 'evaluate(raw_model, val_batches, 2 * K, ctx)',
-     'evaluate(raw_model, val_batches, K, ctx)', ['tests/test_train.py::test_smoke_run_writes_log_and_checkpoint']),
-    ('Ctrl-C exits without saving', 'train.py', '        if stop:\n            job.save()', '        if stop:\n            pass',
+    ('evaluation stops at K instead of 2K', 'train.py', 'evaluate(raw, val_batches, 2 * K, r.ctx)',
+     'evaluate(raw, val_batches, K, r.ctx)', ['tests/test_train.py::test_smoke_run_writes_log_and_checkpoint']),
+    ('Ctrl-C exits without saving', 'train.py', '        if stop:\n            save()', '        if stop:\n            pass',
      ['tests/test_train.py::test_ctrl_c_saves_and_resumes']),
-    ('a signal kills instead of saving', 'lab/runs.py', '        self.previous = {sig: signal.signal(sig, self._handle)',
-     '        self.previous = {sig: signal.signal(sig, signal.getsignal(sig))', ['tests/test_train.py::test_ctrl_c_saves_and_resumes']),
+    ('a signal kills instead of saving', 'train.py', '        self.old = {s: signal.signal(s, self.handle)',
+     '        self.old = {s: signal.signal(s, signal.getsignal(s))', ['tests/test_train.py::test_ctrl_c_saves_and_resumes']),
     ('the log written before the checkpoint', 'train.py',
-     '            if job.step > 0:\n                job.save()  # the checkpoint first: the log never runs ahead of it\n            if job.rank == 0:\n                run.log(record)',
-     '            if job.rank == 0:\n                run.log(record)\n            if job.step > 0:\n                job.save()',
+     '            if r.step > 0:\n                save()  # the checkpoint first: the log never runs ahead of it\n            if r.rank == 0:\n                log_record(log_path, record)',
+     '            if r.rank == 0:\n                log_record(log_path, record)\n            if r.step > 0:\n                save()',
      ['tests/test_faults.py::test_a_full_disk_at_a_save_is_one_line_and_keeps_the_previous_checkpoint']),
     # ---- bench --suite's own checks
     ('bench compares eager with eager', 'lab/bench.py', "model, opt, _, _ = build(rt, V, B, compile, supervision='per_loop', **dims)",
@@ -491,23 +498,23 @@ MUTATIONS = [
      "if ids.size == 0 or ids.min() < 0 or ids.max() >= meta['vocab_size']:", 'if ids.size == 0:',
      ['tests/test_faults.py::test_write_dataset_refuses_ids_outside_the_vocabulary']),
     # ---- trust nothing that is loaded
-    ('checkpoints loaded with weights_only=False', 'lab/runs.py', 'torch.load(path, map_location=device, weights_only=True)',
+    ('checkpoints loaded with weights_only=False', 'train.py', 'torch.load(path, map_location=device, weights_only=True)',
      'torch.load(path, map_location=device, weights_only=False)', ['tests/test_trust.py::test_a_crafted_checkpoint_runs_nothing_anywhere']),
     ('meta.pkl unpickled without restriction', 'data/common.py', '                meta = PlainUnpickler(io.BytesIO(f.read())).load()',
      '                meta = pickle.load(f)', ['tests/test_trust.py::test_a_crafted_meta_pkl_runs_nothing']),
-    ('planted links in a run folder not refused', 'lab/runs.py', '            if os.path.islink(os.path.join(self.dir, name)):',
-     '            if False:', ['tests/test_trust.py']),
+    ('planted links in a run folder not refused', 'train.py', '        if os.path.islink(os.path.join(out_dir, name)):',
+     '        if False:', ['tests/test_trust.py']),
     ('temporaries opened the ordinary way (following links)', 'data/common.py',
      "    if os.path.lexists(path):\n        os.remove(path)\n    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, 'O_NOFOLLOW', 0) | getattr(os, 'O_BINARY', 0)\n    return os.fdopen(os.open(path, flags, 0o644), 'wb')",
      "    return open(path, 'wb')", ['tests/test_trust.py']),
-    ('resume on other data not refused', 'lab/runs.py', '            check_same_data(ckpt, data.meta, data.identity, self.ckpt_path)',
-     '            pass', ['tests/test_trust.py::test_resume_stays_on_the_runs_dataset_and_refuses_another']),
-    ('resume falls back to the default dataset', 'lab/runs.py', "            if name not in given:",
-     "            if name == 'seed' and name not in given:",
+    ('resume on other data not refused', 'train.py',
+     "        check_same_data(ckpt, data.meta, data.identity, os.path.join(args.out_dir, 'ckpt.pt'))", '        pass', ['tests/test_trust.py::test_resume_stays_on_the_runs_dataset_and_refuses_another']),
+    ('resume falls back to the default dataset', 'train.py', "        if name not in given:\n            setattr(args, name,",
+     "        if name == 'seed' and name not in given:\n            setattr(args, name,",
      ['tests/test_trust.py::test_resume_stays_on_the_runs_dataset_and_refuses_another']),
     ('splits not checked against meta.json', 'data/common.py', "        if expected is not None and expected != files[f'{split}.bin']:",
      '        if False:', ['tests/test_trust.py::test_a_kill_between_the_renames_of_a_prepare_is_refused_not_trained_on']),
-    ('nan gradient clip accepted', 'lab/configs.py', "('grad_clip', finite(a.grad_clip) and a.grad_clip >= 0,",
+    ('nan gradient clip accepted', 'train.py', "('grad_clip', finite(a.grad_clip) and a.grad_clip >= 0,",
      "('grad_clip', True,", ['tests/test_trust.py::test_train_flags_that_would_change_what_is_trained_are_refused']),
     ('download keeps an unverified file', 'data/common.py', '            verify(tmp)\n', '            pass\n',
      ['tests/test_download.py']),
@@ -520,7 +527,8 @@ MUTATIONS = [
     # ---- the training step and the model's wiring: each has a test of its own in tests/test_wiring.py
     ('targets are the inputs, not the next tokens', 'train.py', 'x, y = w[:, :-1], w[:, 1:]',
      'x, y = w[:, :-1], w[:, :-1]', [W + 'test_batch_targets_are_the_next_tokens_of_the_inputs']),
-    ('gradient accumulation sums the micro-steps', 'train.py', '(loss / micro_steps).backward()', 'loss.backward()',
+    ('gradient accumulation sums the micro-steps', 'train.py', 'r.scaler.scale(loss / r.micro_steps).backward()',
+     'r.scaler.scale(loss).backward()',
      [W + 'test_gradient_accumulation_gives_the_gradient_of_one_large_batch']),
     ('gradient clipped at 1.0 whatever --grad_clip says', 'train.py',
      'clip_grad_norm_(model.parameters(), args.grad_clip)', 'clip_grad_norm_(model.parameters(), 1.0)',
@@ -563,11 +571,12 @@ MUTATIONS = [
     # ---- writers and run folders (tests/test_writers.py)
     ('writers expect their folders to exist', 'data/common.py', "    os.makedirs(os.path.dirname(path) or '.', exist_ok=True)\n    try:",
      '    try:', ['tests/test_writers.py::test_diagnose_writes_its_figure_into_folders_it_creates']),
-    ('a log without a checkpoint is a run to keep', 'lab/runs.py', "                return len(f.read().strip().split(b'\\n')) > 1",
-     '                return True', ['tests/test_writers.py::test_a_run_killed_before_its_first_save_is_no_dead_end']),
+    ('a log without a checkpoint is a run to keep', 'train.py',
+     "    has_records = os.path.exists(log) and len(open(log, 'rb').read().strip().split(b'\\n')) > 1",
+     '    has_records = os.path.exists(log)', ['tests/test_writers.py::test_a_run_killed_before_its_first_save_is_no_dead_end']),
     # ---- behaviours that a breakage once left untested, and the cost grid's statistics
     ('gate on the readout skips the coda\'s other positions', 'lab/engine.py',
-     'return model.gate_logit(h if model.coda else h[:, -1:, :], k, cache)[:, -1]',
+     'return model.gate_logit(h if coda else h[:, -1:, :], k, cache)[:, -1]',
      'return model.gate_logit(h[:, -1:, :], k, cache)[:, -1]',
      ['tests/test_gate.py::test_each_sequence_exits_where_its_own_cumulative_exit_probability_reaches_the_threshold']),
     ('blocks compiled under the Jacobian penalty', 'lab/runtime.py',
@@ -608,8 +617,8 @@ MUTATIONS = [
     ('a committed finished run trained again', 'lab/grid.py',
      "        if committed and not os.path.exists(os.path.join(folder, 'log.jsonl')) and finished(committed, cmd):",
      '        if False:', ['tests/test_cost.py::test_a_run_committed_finished_is_not_trained_again']),
-    ('the logged turn measured from the embedding at every loop', 'lab/report.py', '        h_prev = h\n    return turns',
-     '    return turns', ['tests/test_cost.py::test_the_logged_turn_is_the_angle_between_consecutive_states_by_hand']),
+    ('the logged turn measured from the embedding at every loop', 'train.py',
+     '            h_prev = h\n    model.train()\n    return turns', '    model.train()\n    return turns', ['tests/test_cost.py::test_the_logged_turn_is_the_angle_between_consecutive_states_by_hand']),
     ('precision read at the wrong depth', 'lab/diagnose.py', 'if k in (K, 2 * K):', 'if k in (K - 1, 2 * K):',
      ['tests/test_cost.py::test_precision_in_float32_is_the_models_own_loss_at_k_and_2k']),
     ('the penalty gap closed measured against the wrong end', 'lab/cost.py',
@@ -635,14 +644,14 @@ MUTATIONS = [
      "        return False and (self.depth_sampling != 'fixed' or self.bptt > 0 or self.recurrence != 'residual'",
      [T + 'test_under_torchrun_a_step_that_leaves_a_parameter_without_a_gradient_trains']),
     ("DDP not told that normed recurrence's norm may go unused", 'train.py',
-     "config.recurrence == 'normed' or config.readout == 'final_norm')", "config.readout == 'final_norm')",
+     "return config.recurrence == 'normed' or config.readout == 'final_norm'", "return config.readout == 'final_norm'",
      [T + 'test_under_torchrun_one_normed_loop_leaves_the_inter_loop_norm_without_a_gradient_and_trains']),
     ('every process draws the same batches', 'train.py', 'args.seed + rank)', 'args.seed)',
      [T + 'test_under_torchrun_each_process_trains_on_its_own_batches']),
-    ('progress loss summed over micro-steps', 'train.py', 'lossf = lossf + loss.detach() / micro_steps',
+    ('progress loss summed over micro-steps', 'train.py', 'lossf = lossf + loss.detach() / r.micro_steps',
      'lossf = lossf + loss.detach()', [T + 'test_under_grad_accum_the_progress_loss_is_the_mean_over_micro_steps_not_the_sum']),
-    ('progress loss summed over processes', 'lab/runtime.py', 'return shared[0] / world, shared[1] / world,',
-     'return shared[0], shared[1] / world,', [T + 'test_under_torchrun_the_progress_loss_is_the_mean_over_processes_not_the_sum']),
+    ('progress loss summed over processes', 'train.py', 'lossf, cef, stop = shared[0] / r.world, shared[1] / r.world,',
+     'lossf, cef, stop = shared[0], shared[1] / r.world,', [T + 'test_under_torchrun_the_progress_loss_is_the_mean_over_processes_not_the_sum']),
     ('ms/step counts the evaluation', 'train.py', 'progress.t_last += time.time() - t_eval', 'pass',
      [T + 'test_progress_ms_per_step_leaves_the_evaluation_out']),
 ]
@@ -683,10 +692,19 @@ def run_one(copy, name, path, old, new, tests, timeout):
             f.write(source)
 
 
+def choose(only):
+    """The breakages --only picks: the one whose whole name it is (any case), else every one with a word in its
+    name that starts with it (any case: --only=kl picks the KL rule, not 'meta.pkl')."""
+    exact = [m for m in MUTATIONS if m[0].lower() == only.strip().lower()]
+    return exact or [m for m in MUTATIONS if re.search(r'\b' + re.escape(only), m[0], re.IGNORECASE)]
+
+
 def get_parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--only', default='', help='run the breakages with a word in their name that starts with this '
-                                              'text (any case)')
+                                              "text (any case; --only=loop picks every name with 'loop', 'loops'...); "
+                                              "a breakage's whole name, quoted, picks that one alone "
+                                              "(--only='add injects e at pass 1 only'; --list shows the names)")
     p.add_argument('--list', action='store_true', help='list the breakages and their tests, run nothing')
     p.add_argument('--timeout', type=int, default=180, help='seconds one breakage\'s tests may take')
     return p
@@ -694,8 +712,7 @@ def get_parser():
 
 def main(argv=None):
     args = get_parser().parse_args(argv)
-    # from the start of a word, in any case: --only=kl picks the KL rule, not 'meta.pkl'
-    chosen = [m for m in MUTATIONS if re.search(r'\b' + re.escape(args.only), m[0], re.IGNORECASE)]
+    chosen = choose(args.only)
     if not chosen:
         sys.exit(f"mutations.py: error: no breakage name has a word starting with {args.only!r}")
     if args.list:

@@ -8,7 +8,7 @@ import pytest
 
 from lab import atlas
 from lab import grid
-import train
+from lab import train  # train.py with the designs: python -m lab.train
 
 TINY = ['--n_layer=1', '--n_embd=16', '--n_head=2', '--n_loop=2', '--block_size=16', '--batch_size=2',
         '--eval_iters=1', '--log_interval=4', '--max_iters=4', '--eval_interval=2']
@@ -117,7 +117,7 @@ def test_one_design_trains_and_reads_back_its_two_readouts_alone(monkeypatch, tm
     args = atlas.get_parser().parse_args(['--design=concat', '--design', 'sandwich + normed'])
     assert args.design == ['concat', 'sandwich + normed']
     with pytest.raises(SystemExit):
-        atlas.get_parser().parse_args(['--design=loop_gate'])  # not in grid.DESIGNS
+        atlas.get_parser().parse_args(['--design=no_such_design'])  # not in grid.DESIGNS
     asked = {}
 
     def run_grid(config, seeds, out_root, extra, grid=None, prog=None):  # what would be trained

@@ -18,7 +18,7 @@ import sys
 import pytest
 import torch
 
-import train
+from lab import train  # train.py with the designs: python -m lab.train
 from conftest import ROOT
 
 MODEL = ['--n_layer=1', '--n_embd=32', '--n_head=2', '--block_size=16', '--batch_size=4', '--device=cpu',

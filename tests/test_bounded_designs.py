@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-import train
+from lab import train  # train.py with the designs: python -m lab.train
 from lab.runs import load_model
 from lab.designs import CHOICES, DesignBlock, DesignConfig
 from test_designs import BASE, record_passes, tiny, tokens
@@ -267,8 +267,7 @@ def test_the_decays_mean_min_and_max_are_logged_and_shown_in_their_places():
     """At init every channel decays alike, so the eval line's test above cannot tell mean, min and max apart:
     here the channels differ and each number must land in its own place."""
     from contextlib import nullcontext
-    from types import SimpleNamespace
-    from lab.report import Report, design_values
+    from lab.report import design_line, design_values
     model = tiny(injection='diagonal')
     with torch.no_grad():
         model.diagonal.A_log.copy_(torch.linspace(-2.0, 2.0, 16))  # decay exp(-Delta e^A) spread over (0, 1)
@@ -276,8 +275,6 @@ def test_the_decays_mean_min_and_max_are_logged_and_shown_in_their_places():
     values = design_values(model, tokens(), nullcontext())
     assert values['decay'] == pytest.approx([decay.mean().item(), decay.min().item(), decay.max().item()])
     assert values['decay'][1] < values['decay'][0] < values['decay'][2]
-    report = Report.__new__(Report)  # eval_line reads only the job's K
-    report.job = SimpleNamespace(config=model.config)
     record = {'step': 0, 'val_loss': [1.0] * 6, 'hidden_norm': [1.0] * 6, **values}
     shown = ' '.join(f'{v:.3f}' for v in values['decay'])
-    assert f"decay mean {shown.split()[0]} min {shown.split()[1]} max {shown.split()[2]}" in report.eval_line(record)
+    assert f"decay mean {shown.split()[0]} min {shown.split()[1]} max {shown.split()[2]}" in design_line(record)

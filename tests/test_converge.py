@@ -20,10 +20,12 @@ def u(step, seed):
     return 0.2 * (step - 500) / 1000 + 0.001 * seed
 
 
-def write_run(root, name, seed, records, lr, readout, n_loop=4, cosine=True, **model):
+def write_run(root, name, seed, records, lr, readout, n_loop=4, cosine=True, max_iters=None, **model):
+    """A run folder whose log holds records; asked for max_iters steps (default: its last record's, finished)."""
     folder = root / f"{name.replace(' + ', '-')}-seed{seed}"
     folder.mkdir()
-    config = {'seed': seed, 'max_iters': records[-1]['step'], 'learning_rate': float(lr), 'decay_lr': cosine,
+    config = {'seed': seed, 'max_iters': max_iters or records[-1]['step'], 'learning_rate': float(lr),
+              'decay_lr': cosine,
               'model': DesignConfig(n_layer=4, n_loop=n_loop, readout=readout, **model).to_dict()}
     lines = [json.dumps({'config': config})] + [json.dumps(r) for r in records]
     (folder / 'log.jsonl').write_text('\n'.join(lines) + '\n')
@@ -162,6 +164,51 @@ def test_the_course_and_the_two_accounts_match_a_hand_computation(tmp_path):
     assert lines['course'].startswith('met.') and 'first above 0 at step 500' in lines['course']
     assert lines['converged cost lr 1e-3'].startswith('missed.')  # +0.502 is above the predicted +0.148
     assert lines['control raw + penalty 0.1'].startswith('met.')
+
+
+def test_a_run_short_of_its_last_step_is_left_out_of_its_cell_and_named(tmp_path):
+    """A run still training (its last evaluation before max_iters) would mix training lengths in a mean: it is
+    left out of its cell, and the table names it."""
+    runs = all_runs(tmp_path)
+    for readout in converge.READOUTS:  # seed 4 of both readouts at 1e-3, stopped at step 1,500 of 3,000
+        records = [record(step, [9.0] * 8, 9.0, turn=1.0) for step in range(100, 1501, 100)]
+        runs.append(write_run(tmp_path, converge.cell('1e-3', readout), 4, records, '1e-3', readout,
+                              max_iters=3000))
+    cells, notes = converge.by_cell(runs)
+    assert 4 not in cells[converge.cell('1e-3', 'rmsnorm')] and 4 not in cells[converge.cell('1e-3', 'raw')]
+    assert converge.converged_rows(cells)[0]['seeds'] == [1, 2, 3]
+    assert notes == [f"L4-cos-lr1e-3-K4-{ro}-seed4 at step 1500 of 3000" for ro in ('rmsnorm', 'raw')]
+    assert ('Not finished (left out): L4-cos-lr1e-3-K4-rmsnorm-seed4 at step 1500 of 3000; '
+            'L4-cos-lr1e-3-K4-raw-seed4 at step 1500 of 3000') in converge.tables(runs)
+
+
+def deficit_pair(root, seed, turn_sign):
+    """An rmsnorm/raw pair at lr 1e-3 whose cost u is a quarter first-exit gap and three quarters gain deficit
+    (the wasted-loops account's share 0.75, r 1); loop 2's gain g rises with the step (and is 0.00005 larger
+    under rmsnorm, so that no two gains tie), and its turn is g times turn_sign: +1, the turn predicts the
+    gain (Spearman +1); -1, it predicts its opposite (Spearman -1)."""
+    raw, rms = [], []
+    for step in STEPS:
+        c = u(step, seed)
+        g = 0.05 + step / 30000 + 0.0001 * seed
+        base = [2.3, 2.3 - g, 2.2 - g, 2.1 - g]
+        raw.append(record(step, base + base, base[3], turn=turn_sign * g))
+        mine = [base[0] + 0.25 * c, base[1] + 0.25 * c - 0.00005, base[2] + 0.25 * c, base[3] + c]
+        rms.append(record(step, mine + mine, mine[3], turn=turn_sign * (g + 0.00005)))
+    return [write_run(root, converge.cell('1e-3', 'raw'), seed, raw, '1e-3', 'raw'),
+            write_run(root, converge.cell('1e-3', 'rmsnorm'), seed, rms, '1e-3', 'rmsnorm')]
+
+
+@pytest.mark.parametrize('turn_sign, holds', [(-1, False), (1, True)])
+def test_the_wasted_loops_account_needs_the_turn_to_predict_the_gain(tmp_path, turn_sign, holds):
+    """The gain deficit carrying the cost is not enough: the account's mechanism (a state each later loop turns
+    little) needs loop 2's turn to predict its gain, Spearman >= 0.5."""
+    cells, _ = converge.by_cell([r for seed in (1, 2, 3) for r in deficit_pair(tmp_path, seed, turn_sign)])
+    acc = converge.accounts(cells)
+    share, r = acc['wasted loops']
+    assert share == pytest.approx(0.75) and r == pytest.approx(1.0)
+    assert acc['turn'] == pytest.approx(float(turn_sign))
+    assert acc['holds']['wasted loops'] is holds and acc['holds']['first exit'] is False
 
 
 def test_the_tables_and_figures_are_written_from_run_folders(tmp_path):

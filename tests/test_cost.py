@@ -106,7 +106,8 @@ def test_a_run_committed_finished_is_not_trained_again(tmp_path):
 
 def test_the_logged_turn_is_the_angle_between_consecutive_states_by_hand():
     import torch
-    from lab.report import state_turn
+    from contextlib import nullcontext
+    from train import state_turn
     from lab.designs import DesignedGPT
     torch.manual_seed(0)
     model = DesignedGPT(DesignConfig(vocab_size=11, block_size=8, n_embd=16, n_head=2, n_layer=1, n_loop=3)).eval()
@@ -115,7 +116,7 @@ def test_the_logged_turn_is_the_angle_between_consecutive_states_by_hand():
         states = [model.embed(x)] + [h for _, h in model.loops(model.embed(x), 6)]
         cos = [torch.nn.functional.cosine_similarity(a, b, dim=-1) for a, b in zip(states, states[1:])]
         want = [torch.rad2deg(torch.acos(c.clamp(-1, 1))).mean().item() for c in cos]
-        got = state_turn(model, x, 6)
+        got = state_turn(model, x, 6, nullcontext())
     assert len(got) == 6 and got == pytest.approx(want, abs=1e-3)
     assert got[0] > got[-1]  # the first pass turns the embedding most
 

@@ -83,6 +83,10 @@ def test_mutation_suite_every_wrong_implementation_fails_its_grader(capsys):
     mutations = [r for r in records if 'mutation' in r]
     missed = [f"{r['assignment']}: {r['mutation']}" for r in mutations if not r['caught']]
     assert not missed, f"wrong implementations that pass their grader: {missed}"
+    unhinted = [f"{r['assignment']}: {r['mutation']}: {r['first'][:200]!r} lacks {r['hint']!r}" for r in mutations
+                if 'hint' in r and not r['hint_given']]
+    assert not unhinted, f"caught, but without the grader's own hint: {unhinted}"
+    assert sum('hint' in r for r in mutations) >= 4, "the A5 mutations that name their grader's hint"
     assert len(mutations) >= 80 and {r['assignment'] for r in mutations} == set(ASSIGNMENTS), summary
     per_assignment = {a: sum(r['assignment'] == a for r in mutations) for a in ASSIGNMENTS}
     assert per_assignment['a8'] >= 8, per_assignment
@@ -243,6 +247,33 @@ def test_the_graders_run_torch_on_one_thread():
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize('mistake, hint', [
+    ('detach', 'the penalty must stay in the autograd graph: do not .detach() or .item() it'),
+    ('item', 'the penalty must stay in the autograd graph: do not .detach() or .item() it'),
+    ('float at lambda = 0', 'return a tensor, also at lambda = 0 (torch.zeros(())'),
+])
+def test_the_a5_grader_names_a_detached_penalty_and_a_float_at_lambda_0(mistake, hint, monkeypatch):
+    """Two mistakes a student made that torch answers in its own words ("element 0 of tensors does not require
+    grad" at .backward(), an AttributeError at .item()): planted into LoopedGPT.penalty_loss, each fails the A5
+    grader's first test with the grader's own hint instead."""
+    import importlib.util
+    import looped
+    monkeypatch.syspath_prepend(os.path.join(ROOT, 'assignments', 'tests'))
+    spec = importlib.util.spec_from_file_location('a5_grader', os.path.join(ROOT, grader('a5')))
+    a5 = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(a5)
+    reference = looped.LoopedGPT.penalty_loss
+    wrong = {'detach': lambda self, states: reference(self, states).detach(),
+             'item': lambda self, states: reference(self, states).item(),
+             'float at lambda = 0': lambda self, states: 0.0 if self.config.norm_penalty == 0
+             else reference(self, states)}[mistake]
+    a5.test_value_is_lambda_times_the_mean_over_loops_of_the_mean_square()  # the reference passes
+    monkeypatch.setattr(looped.LoopedGPT, 'penalty_loss', wrong)
+    with pytest.raises(AssertionError) as failure:
+        a5.test_value_is_lambda_times_the_mean_over_loops_of_the_mean_square()
+    assert hint in str(failure.value), str(failure.value)
 
 
 def test_make_student_refuses_a_used_folder_and_unknown_assignments(tmp_path):

@@ -14,12 +14,12 @@ import torch
 import torch.nn.functional as F
 
 from lab import grid
-import train
+from lab import train  # train.py with the designs: python -m lab.train
 from conftest import ROOT
 from lab.runs import condition_name, load_model
 from lab import engine
 from lab.engine import exit_passes, generate, latent_change
-from lab.designs import DesignBlock, DesignConfig, DesignedGPT, sampled_depth
+from lab.designs import DESIGN_FLAGS, DesignBlock, DesignConfig, DesignedGPT, sampled_depth
 from looped import LoopedConfig, LoopedGPT
 
 BASE = dict(vocab_size=11, block_size=8, n_embd=16, n_head=2, n_layer=1, n_loop=3)
@@ -44,13 +44,12 @@ def record_passes(model):
 
 # ---- the registry: a design is its DesignConfig field
 
-# a value other than the default for every field train.py has a flag for, all valid together
+# a value other than the default for every field train.py has a flag for, all valid together: the paper's here,
+# each design's its example in lab/designs.py's DESIGN_FLAGS (concat and sandwich: the asserts below read them)
 NON_DEFAULT = dict(block_size=16, n_embd=16, n_head=2, n_layer=1, n_loop=3, dropout=0.1, supervision='terminal',
-                   gate_input='readout', gate_beta=0.2,
-                   readout='alpha', alpha=0.5, norm_penalty=0.02, recurrence='normed', init='gpt2', mlp='gelu',
-                   injection='concat', n_prelude=1, n_coda=1, block='sandwich', depth_sampling='poisson_lognormal',
-                   bptt=1, residual_scale='inverse_k', jacobian_penalty=0.1, tie_weights=True, attention='manual',
-                   norm_eps=1e-5)
+                   readout='alpha', alpha=0.5, norm_penalty=0.02, recurrence='normed', tie_weights=True,
+                   norm_eps=1e-5, **{name: flag.example for name, flag in DESIGN_FLAGS.items()})
+NON_DEFAULT.update(injection='concat', block='sandwich')
 
 
 def test_every_config_field_is_a_flag_that_reaches_the_model_and_the_checkpoint(small_data, tmp_path):
@@ -473,12 +472,13 @@ def test_parameters_are_registered_in_the_order_the_committed_runs_trained_in():
 def test_a_checkpoint_whose_parameters_are_in_another_order_is_refused_on_resume():
     """Its optimizer state, saved by position, would land on the wrong parameters: one line, not a silent resume."""
     from collections import OrderedDict
-    from lab import runs
+    from types import SimpleNamespace
+    import train as handout
     model = tiny(n_prelude=1)
     state = model.state_dict()
     shuffled = OrderedDict(reversed(list(state.items())))
     with pytest.raises(ValueError, match='another order'):
-        runs.restore({'model': shuffled}, model, None, None, None, None, 0, 'cpu')
+        handout.restore(SimpleNamespace(ckpt={'model': shuffled}, model=model))
 
 
 def test_the_jacobian_penalty_keeps_the_norm_penalty():

@@ -235,3 +235,38 @@ def test_cli_prints_every_table(small_data, tmp_path, capsys):
     assert (tmp_path / 'lemma.png').stat().st_size > 0
     with pytest.raises(SystemExit, match='no checkpoint'):
         diagnose.main(['--out_dir', str(tmp_path / 'nothing')])
+
+
+def token_exit_notes(capsys, ce, pmax, kl, latent, m, K):
+    """print_token_exit's output as {rule: the note printed under its line, or None}."""
+    diagnose.print_token_exit(ce, pmax, kl, latent, m, K)
+    lines = capsys.readouterr().out.splitlines()
+    at = {rule: next(i for i, line in enumerate(lines) if line.strip().startswith(f"{rule}:"))
+          for rule in diagnose.EXITS}
+    return {rule: (lines[i + 1].strip() if i + 1 < len(lines) and lines[i + 1].strip().startswith('note:')
+                   else None) for rule, i in at.items()}
+
+
+def test_token_exit_notes_a_rule_that_sends_every_token_out_at_one_loop(capsys):
+    """Every token equally sure (0.99), equally right at every loop and settled from loop 1: each calibrated rule
+    sends all the reported tokens out at one loop (confidence and latent at 1, kl at 2, its first), and says so."""
+    K, n = 3, 8
+    ce, pmax = np.ones((n, K)), np.full((n, K), 0.99)
+    kl, latent = np.zeros((n, K)), np.zeros((n, K))
+    kl[:, 0] = math.inf
+    notes = token_exit_notes(capsys, ce, pmax, kl, latent, n // 2, K)
+    for rule, loop in (('confidence', 1), ('kl', 2), ('latent', 1)):
+        assert notes[rule] is not None and f"every token exits at loop {loop} of {K}" in notes[rule], notes
+    assert 'does not tell tokens apart' in notes['confidence']
+
+
+def test_token_exit_has_no_note_where_tokens_exit_at_different_loops(capsys):
+    """The loop-1 case of test_exit_calibration_considers_loop_1_thresholds twice over: the calibrated confidence
+    sends the sure token out at loop 1 and the other at 3, so no note under the confidence line."""
+    ce = np.array([[1.0, 1.0, 1.0], [3.0, 1.0, 1.0]] * 2)
+    pmax = np.array([[0.95, 0.9, 0.9], [0.92, 0.5, 0.5]] * 2)
+    kl, latent = np.zeros_like(pmax), np.ones_like(pmax)
+    kl[:, 0] = math.inf
+    assert token_exit_notes(capsys, ce, pmax, kl, latent, 2, 3)['confidence'] is None
+    assert diagnose.same_exit_note(np.array([1, 3]), 3) is None
+    assert 'no token exits early' in diagnose.same_exit_note(np.array([3, 3]), 3)

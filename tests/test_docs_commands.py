@@ -7,6 +7,7 @@ import shlex
 
 import plot_norms
 import train
+from lab import paper
 from docs_commands import commands, plan, written_files
 
 
@@ -35,8 +36,9 @@ def test_long_commands_are_shrunk_and_still_parse():
             continue
         if argv[:2] == ['python', 'train.py']:
             assert train.parse_args(argv[2:]).max_iters == 4, cmd  # never the documented thousands
-        elif argv[:2] == ['python', 'plot_norms.py']:
-            args = plot_norms.get_parser().parse_args(argv[2:])
+        elif argv[:2] == ['python', 'plot_norms.py'] or argv[:3] == ['python', '-m', 'lab.paper']:
+            tool = plot_norms if argv[1] == 'plot_norms.py' else paper
+            args = tool.get_parser().parse_args(argv[2 if tool is plot_norms else 3:])
             if args.run:
                 # two conditions, or all of a small named grid (the gate grid's five), four steps each
                 assert args.seeds <= 2 and len(args.conditions.split(',')) <= 6, cmd
@@ -47,7 +49,7 @@ def test_the_bad_input_table_is_checked_row_by_row():
     rows = [(cmd, documented) for page, _, cmd, documented in commands() if page == 'docs/reliability.md' and documented]
     assert len(rows) >= 20
     # each line names the command as it was typed: a root script by its file, a lab tool by python -m lab.<tool>
-    named = re.compile(r'((train|sample|plot_norms|prepare)\.py|python -m lab\.(diagnose|atlas|norm_course|cost)): error: ')
+    named = re.compile(r'((train|sample|plot_norms|prepare)\.py|python -m lab\.(diagnose|atlas|norm_course|cost|paper)): error: ')
     for cmd, (code, line) in rows:
         assert plan(cmd, (code, line)) == ('run', cmd, '', (code, line))  # run as written: the failure is the point
         assert code == 1 and named.match(line), line

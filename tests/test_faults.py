@@ -75,7 +75,8 @@ def test_resume_refuses_a_folder_that_mixes_two_runs(small_data, tmp_path):
 
 
 def test_two_fresh_runs_started_together_exactly_one_runs(small_data, tmp_path):
-    cmd = [sys.executable, 'train.py', '--dataset', small_data, '--out_dir', str(tmp_path), *TINY, '--max_iters=20',
+    """Two workers of a grid (python -m lab.train, which locks its folder) on one folder: one runs."""
+    cmd = [sys.executable, '-m', 'lab.train', '--dataset', small_data, '--out_dir', str(tmp_path), *TINY, '--max_iters=20',
            '--eval_interval=5']
     procs = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     results = [(p.wait(timeout=120), *p.communicate()) for p in procs]

@@ -1,5 +1,5 @@
 """Gated supervision (looped.py: Ouro's learned exit gate and its objective) and the gate as an exit
-rule (lab/engine.py, sample.py --exit=gate)."""
+rule (lab/engine.py, python -m lab.sample --exit=gate)."""
 
 import json
 import math
@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-import sample
-import train
 from lab import engine
+from lab import sample  # sample.py's flags and the engine's exit rules, the gate too: python -m lab.sample
+from lab import train  # train.py with the designs: python -m lab.train
 from test_designs import tiny, tokens
 
 
@@ -203,7 +203,7 @@ def test_sample_generates_with_the_gate_from_a_gated_checkpoint_at_its_default_t
     assert 'exit=gate, threshold 0.5' in capsys.readouterr().out
 
 
-# ---- the gate at matched depth (lab/diagnose.py, lab/matched_depth.py) and in plot_norms.py's table
+# ---- the gate at matched depth (lab/diagnose.py, lab/matched_depth.py) and in lab/paper.py's table
 
 def test_a_windows_gate_score_is_its_mean_cumulative_exit_probability():
     from lab import diagnose
@@ -252,8 +252,7 @@ def train_tiny(data, out, *flags):
 
 
 def test_the_gate_against_the_rules_in_its_own_runs_and_its_table(small_data, tmp_path, capsys):
-    import plot_norms
-    from lab import matched_depth as md
+    from lab import matched_depth as md, paper
     gated = [train_tiny(small_data, tmp_path / f"gated{s}", '--supervision=gated', f'--seed={s}')
              for s in (1, 2)]
     plain = train_tiny(small_data, tmp_path / 'plain', '--seed=1')
@@ -263,7 +262,7 @@ def test_the_gate_against_the_rules_in_its_own_runs_and_its_table(small_data, tm
     with pytest.raises(SystemExit) as e:
         md.main([plain, '--against=gate', '--max_windows=8', f"--fig_dir={tmp_path / 'md2'}"])
     assert 'has no exit gate' in str(e.value.code) and '\n' not in str(e.value.code)
-    plot_norms.main([*gated, plain, '--exit_windows=0', f"--fig_dir={tmp_path / 'fig'}"])
+    paper.main([*gated, plain, '--exit_windows=0', f"--fig_dir={tmp_path / 'fig'}"])
     lines = (tmp_path / 'fig' / 'table.md').read_text().splitlines()
     header = [c.strip() for c in lines[0].split('|')]
     col = header.index('exit p_k, k = 1..K')

@@ -177,3 +177,49 @@ def test_the_plain_generate_reads_only_its_window_of_a_prompt_longer_than_block_
     assert torch.equal(out[:, :-2], prompt) and len(windows) == 2
     assert torch.equal(windows[0], prompt[:, -block:])
     assert torch.equal(windows[1], out[:, -(block // 2) - 1:-1])
+
+
+@pytest.mark.parametrize('rule, threshold', [(None, None), ('confidence', 0.9999), ('kl', 0.005), ('latent', 0.3)])
+def test_sample_pys_own_generate_gives_the_engines_recomputed_tokens_and_depths(rule, threshold):
+    """sample.py generates with looped.py alone: on looped.py's LoopedGPT, sampled past the window's restarts, its
+    recomputing generate gives the tokens and exit loops of the engine's recomputing one for every rule, and at a
+    fixed depth the tokens of LoopedGPT.generate."""
+    import sample
+    from looped import LoopedConfig, LoopedGPT
+    torch.manual_seed(0)
+    model = LoopedGPT(LoopedConfig(**BASE)).eval()
+    kw = dict(max_new_tokens=48, temperature=0.8, top_k=5, exit_rule=rule, exit_threshold=threshold)
+    torch.manual_seed(7)
+    ours, depth = sample.generate(model, prompts(B=3), **kw)
+    torch.manual_seed(7)
+    theirs, their_depth = generate(model, prompts(B=3), cache=False, **kw)
+    assert torch.equal(ours, theirs) and torch.equal(depth, their_depth)
+    if rule is None:
+        torch.manual_seed(7)
+        assert torch.equal(ours, model.generate(prompts(B=3), 48, temperature=0.8, top_k=5))
+        assert depth.unique().tolist() == [BASE['n_loop']]
+    else:
+        assert len(set(depth.flatten().tolist())) > 1, 'the rule never exited early: pick another threshold'
+
+
+def test_the_engines_cache_on_looped_pys_plain_model(monkeypatch):
+    """A run of `python train.py` loads as looped.py's LoopedGPT, which has no prelude, coda or gate: the
+    engine's cached generation gives LoopedGPT.generate's tokens at a fixed depth and recomputing's log-
+    probabilities (past the window's restarts), runs every training-free rule, and refuses the gate in one line."""
+    from looped import LoopedConfig, LoopedGPT
+    torch.manual_seed(0)
+    model = LoopedGPT(LoopedConfig(**BASE)).eval()
+    torch.manual_seed(7)
+    plain = model.generate(prompts(), 40, temperature=0.8, top_k=5)
+    torch.manual_seed(7)
+    assert torch.equal(generate(model, prompts(), 40, temperature=0.8, top_k=5, cache=True)[0], plain)
+    kw = dict(model=model, idx=prompts(), max_new_tokens=40, top_k=1)
+    cached, _, logp_cached = recorded(monkeypatch=monkeypatch, cache=True, **kw)
+    recomputed, _, logp_recomputed = recorded(monkeypatch=monkeypatch, cache=False, **kw)
+    assert torch.equal(cached, recomputed) and (logp_cached - logp_recomputed).abs().max().item() < 1e-4
+    for rule, threshold in (('confidence', 0.5), ('kl', 0.005), ('latent', 0.3)):
+        _, depth = generate(model, prompts(), 40, top_k=1, exit_rule=rule, exit_threshold=threshold)
+        assert depth.shape == (2, 40) and bool(((depth >= 1) & (depth <= BASE['n_loop'])).all()), rule
+    with pytest.raises(ValueError, match='no exit gate') as e:
+        generate(model, prompts(), 2, exit_rule='gate', exit_threshold=0.5)
+    assert '\n' not in str(e.value)

@@ -37,3 +37,12 @@ def test_every_breakage_names_tests_that_exist():
 def test_every_breakage_has_a_name_of_its_own():
     names = [entry[0] for entry in mutations.MUTATIONS]
     assert len(names) == len(set(names)), 'two breakages share a name: --only could not tell them apart'
+
+
+def test_a_breakages_whole_name_picks_it_alone_and_a_word_picks_every_name_with_it():
+    """--only=loop picks every breakage with a word starting 'loop'; a whole name (any case) picks that one."""
+    for entry in mutations.MUTATIONS:
+        assert mutations.choose(entry[0]) == [entry] == mutations.choose(entry[0].upper()), entry[0]
+    loop = mutations.choose('loop')
+    assert len(loop) > 1 and all('loop' in name.lower() for name, *_ in loop)
+    assert not mutations.choose('no_such_breakage')

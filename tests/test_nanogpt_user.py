@@ -18,7 +18,7 @@ from lab import configs, runtime
 from lab import report as lab_report
 from lab.configs import NANOGPT_HABITS
 from lab.runs import load_checkpoint
-from lab.designs import DesignedGPT
+from lab.designs import DesignConfig, DesignedGPT
 
 TINY = ['--n_layer=1', '--n_embd=16', '--n_head=2', '--n_loop=2', '--block_size=16', '--batch_size=2',
         '--eval_iters=1']
@@ -127,7 +127,6 @@ def test_auto_dtype_on_cuda_is_bf16_where_the_gpu_has_it_and_float16_elsewhere(m
         warnings.simplefilter('ignore')
         rt = runtime.resolve_device('cuda', 'auto', False)
     assert rt.dtype == want
-    assert runtime.grad_scaler(rt).is_enabled() == (want == 'float16')
 
 
 def cpu_scaler(monkeypatch, made, init_scale):
@@ -221,39 +220,31 @@ class Clock:
         return self.now
 
 
-def stub_job(global_batch, block_size=8, batch_size=4, step=0, max_iters=100):
-    model = SimpleNamespace(flops_per_token=lambda: 1e6)
-    return SimpleNamespace(step=step, global_batch=global_batch, args=SimpleNamespace(max_iters=max_iters,
-                           batch_size=batch_size), config=SimpleNamespace(block_size=block_size,
-                           depth_sampling='fixed'), rt=SimpleNamespace(device='cpu', dtype='float32'),
-                           raw_model=model, fp16_skips=0)
-
-
 def test_the_progress_lines_clock_tokens_and_eta_by_hand(monkeypatch):
     clock = Clock()
-    monkeypatch.setattr(lab_report.time, 'time', clock)
+    monkeypatch.setattr(train.time, 'time', clock)
     # 2 processes x 3 micro-steps x batch 4 = 24 sequences of 8 tokens per optimizer step
-    job = stub_job(global_batch=24, step=10)
-    report = lab_report.Report(job)
-    report.peak = 1e9  # a known peak, so that MFU is a number to check
-    stats = {'hidden_norm': torch.tensor([1.0, 2.0])}
-    job.step, clock.now = 30, clock.now + 4.0  # 20 steps in 4 s
-    report.losses, report.ces = [torch.tensor(2.0), torch.tensor(3.0)], [torch.tensor(1.0), torch.tensor(1.5)]
-    line = report.progress_line(stats, 2, 20)
+    progress = train.Progress(10, 24 * 8, 1e6, 1e9)  # a known peak, so that MFU is a number to check
+    clock.now += 4.0  # 20 steps in 4 s
+    progress.losses, progress.ces = [torch.tensor(2.0), torch.tensor(3.0)], [torch.tensor(1.0), torch.tensor(1.5)]
+    line = progress.line(30, 100, 2.0)
     assert '200 ms/step' in line
     assert '960 tok/s' in line  # 24 * 8 tokens / 0.2 s: every process and micro-step counted
     assert 'MFU 96.0%' in line  # 960 tok/s * 1e6 FLOPs / 1e9
     assert 'ETA 0m14s' in line  # 4 s for 20 steps, 70 to go
     assert 'loss 2.5000' in line and 'ce_K 1.2500' in line and '||h_K|| 2.0' in line
-    job.step, clock.now = 50, clock.now + 6.0  # then 20 more in 6 s: the ETA uses every step since the start
-    report.losses, report.ces = [torch.tensor(1.0)], [torch.tensor(1.0)]
-    line = report.progress_line(stats, 2, 20)
+    clock.now += 6.0  # then 20 more in 6 s: the ETA uses every step since the start
+    progress.losses, progress.ces = [torch.tensor(1.0)], [torch.tensor(1.0)]
+    line = progress.line(50, 100, 2.0)
     assert '300 ms/step' in line and 'ETA 0m12s' in line  # 10 s for 40 steps, 50 to go: 12.5 s
+    progress.skips, progress.losses, progress.ces = 2, [], []
+    clock.now += 1.0
+    assert progress.line(51, 100, 2.0, 'r', 3).startswith('step 51/100 | loss skipped | r 3 | ce_r skipped')
 
 
 def test_an_evaluation_weighs_a_short_last_batch_by_its_size():
     torch.manual_seed(0)
-    model = DesignedGPT(train.DesignConfig(vocab_size=11, block_size=8, n_embd=16, n_head=2, n_layer=1, n_loop=2))
+    model = DesignedGPT(DesignConfig(vocab_size=11, block_size=8, n_embd=16, n_head=2, n_layer=1, n_loop=2))
     g = torch.Generator().manual_seed(1)
     x, y = torch.randint(11, (4, 8), generator=g), torch.randint(11, (4, 8), generator=g)
     batches = [(x[:3], y[:3]), (x[3:], y[3:])]  # 3 sequences, then 1
@@ -267,12 +258,9 @@ def test_an_evaluation_weighs_a_short_last_batch_by_its_size():
 def test_the_best_validation_loss_is_the_lowest_so_far_not_the_last(small_data, tmp_path, monkeypatch):
     losses = iter([3.0, 2.0, 2.5])
 
-    def record(job, val_batches, train_batches, t_start):
-        v = next(losses)
-        K = job.config.n_loop
-        return {'step': job.step, 'train_loss': v, 'val_loss': [v] * 2 * K, 'hidden_norm': [1.0] * 2 * K,
-                'elapsed_s': 0.0}
-    monkeypatch.setattr(train, 'eval_record', record)
+    def evaluate(model, batches, n_loop, ctx):  # the validation loss (at 2K loops) 3.0, 2.0, then 2.5
+        return [next(losses) if n_loop > model.config.n_loop else 1.0] * n_loop, [1.0] * n_loop
+    monkeypatch.setattr(train, 'evaluate', evaluate)
     out = tmp_path / 'run'
     train.main(flags(small_data, out, '--max_iters=2', '--eval_interval=1', '--log_interval=1'))
     assert load_checkpoint(str(out / 'ckpt.pt'))['best_val_loss'] == 2.0
@@ -305,7 +293,7 @@ def test_every_nanogpt_flag_in_the_usage_table_gets_its_one_line():
 
 def test_every_boolean_flag_accepts_the_bare_form():
     parser = train.get_parser()
-    booleans = [a.dest for a in parser._actions if a.type in (configs.str2bool, configs.compile_flag)]
+    booleans = [a.dest for a in parser._actions if a.type in (train.boolean, train.auto_or_boolean)]
     assert {'resume', 'overwrite', 'compile', 'tie_weights', 'decay_lr'} <= set(booleans)
     for name in booleans:
         assert getattr(train.parse_args([f'--{name}']), name) is True, name

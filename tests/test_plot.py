@@ -1,5 +1,7 @@
-"""plot_norms.py and lab/grid.py: figures and table from real (tiny) runs, the grid runner, and its one-line errors.
-The paired statistics are tested in test_stats.py."""
+"""plot_norms.py, lab/paper.py and lab/grid.py: figures and tables from real (tiny) runs, the grid runner, and its
+one-line errors; plot_norms.py stands alone. The paired statistics are tested in test_stats.py."""
+
+import ast
 
 import csv
 import json
@@ -15,7 +17,7 @@ import time
 import pytest
 import torch
 
-from lab import grid
+from lab import grid, paper
 import plot_norms
 import train
 from conftest import ROOT
@@ -31,7 +33,7 @@ def two_runs(small_data, tmp_path_factory):
 
 
 def test_figures_and_table_from_two_runs(two_runs, tmp_path, capsys):
-    plot_norms.main([str(two_runs / '*'), '--fig_dir', str(tmp_path)])
+    paper.main([str(two_runs / '*'), '--fig_dir', str(tmp_path)])
     for name in ('fig1_norm_explosion.png', 'fig2_norm_by_loop.png', 'fig3_loss_by_depth.png', 'table.csv', 'table.md',
                  'fig1_norm_explosion.svg', 'exit_table.md', 'fig4_pareto.png', 'fig6_crossover.png',
                  'fig4_pareto.svg', 'fig6_crossover.svg'):  # every figure as a PNG and an SVG
@@ -63,13 +65,13 @@ def test_figures_and_table_from_two_runs(two_runs, tmp_path, capsys):
     assert float(cells[3].replace(',', '')) > 0  # a measured speed
 
 
-def test_a_corrupt_checkpoint_stops_plot_norms_before_any_figure(two_runs, tmp_path):
+def test_a_corrupt_checkpoint_stops_lab_paper_before_any_figure(two_runs, tmp_path):
     import shutil
     bad = tmp_path / 'bad'
     shutil.copytree(two_runs / 'raw', bad)
     (bad / 'ckpt.pt').write_bytes(b'not a checkpoint')
     with pytest.raises(SystemExit) as e:
-        plot_norms.main([str(two_runs / 'rms'), str(bad), '--fig_dir', str(tmp_path / 'figs')])
+        paper.main([str(two_runs / 'rms'), str(bad), '--fig_dir', str(tmp_path / 'figs')])
     assert 'unreadable' in str(e.value.code) and '\n' not in str(e.value.code)
     assert not (tmp_path / 'figs').exists()
 
@@ -103,26 +105,49 @@ def test_a_pattern_that_matches_no_folder_is_a_one_line_error(two_runs, tmp_path
 
 
 def test_grid_runs_then_reuses(small_data, tmp_path, monkeypatch, capsys):
-    monkeypatch.setitem(grid.GRIDS, 'paper', {'per_loop + raw': ['--readout=raw'],
-                                              'terminal + rmsnorm': ['--supervision=terminal']})
+    two = {'per_loop + raw': ['--readout=raw'], 'terminal + rmsnorm': ['--supervision=terminal']}
+    monkeypatch.setitem(plot_norms.GRIDS, 'paper', two)
+    monkeypatch.setitem(grid.GRIDS, 'paper', two)
     extra = ' '.join(['--dataset', small_data, *TINY, '--max_iters=2', '--eval_interval=2'])
-    argv = ['--run', '--out_root', str(tmp_path / 'grid'), '--fig_dir', str(tmp_path / 'figs'), '--exit_windows=0',
-            '--train_args', extra]
+    argv = ['--run', '--out_root', str(tmp_path / 'grid'), '--fig_dir', str(tmp_path / 'figs'), '--train_args', extra]
     plot_norms.main(argv)
     lines = [line for line in capsys.readouterr().out.splitlines() if 'training (' in line]
     # the first run has no ETA (nothing trained yet), the second one from the first's time
     assert len(lines) == 2 and lines[0].endswith('per_loop-raw-seed1: training (new)'), lines
     assert re.search(r'terminal-rmsnorm-seed1: training \(new, ETA \d+ min\)$', lines[1]), lines
+    assert (tmp_path / 'figs' / 'fig1_norm_explosion.png').stat().st_size > 0
     plot_norms.main(argv)
     out = capsys.readouterr().out
-    assert out.count('finished earlier, reused') == 2 and 'training (' not in out and 'terminal + rmsnorm' in out
+    assert out.count('finished earlier, reused') == 2 and 'training (' not in out
     assert sorted(os.listdir(tmp_path / 'grid' / 'laptop')) == ['per_loop-raw-seed1', 'terminal-rmsnorm-seed1']
+    # the lab's grid runner finds the same runs finished, and tabulates them
+    paper.main(argv + ['--exit_windows=0'])
+    out = capsys.readouterr().out
+    assert out.count('finished earlier, reused') == 2 and 'training (' not in out and 'terminal + rmsnorm' in out
     # a second seed after a reused run: still no ETA (a reused run took no time and would make it 0)
     plot_norms.main(argv + ['--seeds=2', '--conditions=per_loop-raw'])
     out = capsys.readouterr().out
     lines = [line for line in out.splitlines() if 'training (' in line]
     assert out.count('finished earlier, reused') == 1, out
     assert len(lines) == 1 and lines[0].endswith('per_loop-raw-seed2: training (new)'), lines
+    # asking for more steps resumes a finished run
+    plot_norms.main(argv + ['--conditions=per_loop-raw', "--train_args=" + extra + ' --max_iters=4'])
+    assert capsys.readouterr().out.count('per_loop-raw-seed1: training (resumed)') == 1
+
+
+def test_plot_norms_stands_alone_and_names_the_paper_grid_as_the_lab_does():
+    """plot_norms.py is a handout: it imports nothing from the lab (the lab builds on it, never the reverse), and its
+    own reader names every condition of its grids as the lab's reader does."""
+    with open(os.path.join(ROOT, 'plot_norms.py')) as f:
+        tree = ast.parse(f.read())
+    imported = [a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names]
+    imported += [node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
+    assert imported and not [m for m in imported if m == 'lab' or m.startswith('lab.')], imported
+    for conditions in plot_norms.GRIDS.values():
+        for name, flags in conditions.items():
+            model = train.model_config(train.parse_args(flags))[1].to_dict()
+            assert plot_norms.condition_name(model) == grid.condition_name(model) == name
+    assert grid.GRIDS['paper'] is plot_norms.CONDITIONS and grid.GRID_FLAGS is plot_norms.GRID_FLAGS
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -136,7 +161,7 @@ def test_every_run_is_read_at_its_own_K(two_runs, small_data, tmp_path):
                     '--eval_interval=2', *flags])
     figs = tmp_path / 'figs'
     folders = [tmp_path / 'k3_terminal', two_runs / 'rms', two_runs / 'raw', tmp_path / 'k3_raw']
-    plot_norms.main([*map(str, folders), '--fig_dir', str(figs), '--exit_windows=0'])
+    paper.main([*map(str, folders), '--fig_dir', str(figs), '--exit_windows=0'])
     rows = list(csv.reader(open(figs / 'table.csv')))
     header, rows = rows[0], rows[1:]
     assert [r[0] for r in rows] == ['terminal + rmsnorm', 'per_loop + rmsnorm', 'per_loop + raw',
@@ -223,7 +248,8 @@ def test_figures_never_go_through_a_planted_link_and_bad_destinations_stop_first
     figs.mkdir()
     for name in ('fig1_norm_explosion.png', 'table.md', 'paired.csv'):
         os.symlink(victim, figs / name)
-    plot_norms.main([str(two_runs / '*'), f'--fig_dir={figs}', '--exit_windows=0'])
+    paper.main([str(two_runs / '*'), f'--fig_dir={figs}', '--exit_windows=0'])
+    plot_norms.main([str(two_runs / '*'), f'--fig_dir={figs}'])
     assert victim.read_text() == 'precious\n'
     assert not any(os.path.islink(figs / n) for n in ('fig1_norm_explosion.png', 'table.md'))
     (tmp_path / 'file').write_text('')
@@ -231,15 +257,17 @@ def test_figures_never_go_through_a_planted_link_and_bad_destinations_stop_first
         plot_norms.main([str(two_runs / '*'), f'--fig_dir={tmp_path}/file/figs'])
     assert str(e.value.code).startswith('plot_norms.py: error: --fig_dir: cannot write') and '\n' not in str(e.value.code)
     with pytest.raises(SystemExit) as e:
+        paper.main([str(two_runs / '*'), f'--fig_dir={tmp_path}/file/figs'])
+    assert str(e.value.code).startswith('python -m lab.paper: error: --fig_dir: cannot write')
+    with pytest.raises(SystemExit) as e:
         plot_norms.main(['--run', "--train_args='x", f'--fig_dir={figs}'])
     assert 'No closing quotation' in str(e.value.code) and '\n' not in str(e.value.code)
 
 
 def test_the_default_reference_is_per_loop_rmsnorm_under_the_runs_own_init():
     import argparse
-    import plot_norms
     runs = lambda *names: [{'name': n} for n in names]
-    pick = lambda *names: plot_norms.pick_reference(None, argparse.Namespace(reference=None), runs(*names))
+    pick = lambda *names: paper.pick_reference(None, argparse.Namespace(reference=None), runs(*names))
     assert pick('per_loop + rmsnorm', 'per_loop + raw') == 'per_loop + rmsnorm'
     assert pick('gated + rmsnorm (gpt2 init)', 'per_loop + rmsnorm (gpt2 init)') == 'per_loop + rmsnorm (gpt2 init)'
     assert pick('per_loop + raw') == 'per_loop + rmsnorm'  # none: the table then says it has no reference

@@ -112,9 +112,10 @@ def test_a_choice_field_names_its_run_by_field_and_a_tag_works_on_any_field(monk
 
 
 def test_every_config_field_is_a_flag_with_help_and_the_configs_default():
-    """train.py writes the paper's flags and lab/designs.py the designs' (in their own group): each field has one,
-    with help, defaulting to the field's default (tie_weights: unset, resolved by the init)."""
-    import train
+    """train.py writes the paper's flags and lab/designs.py the designs' (in their own group, which python -m
+    lab.train adds): each field has one, with help, defaulting to the field's default (tie_weights: unset,
+    resolved by the init)."""
+    from lab import train
     actions = {a.dest: a for a in train.get_parser()._actions}
     for field in fields(DesignConfig):
         if field.name == 'vocab_size':

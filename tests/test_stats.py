@@ -1,5 +1,5 @@
 """lab/stats.py: the paired statistics on hand-built logs with known seed-by-seed differences, the t quantiles
-against the printed table, and what plot_norms.py writes from them (paired.csv, table.md's second table)."""
+against the printed table, and what lab/paper.py writes from them (paired.csv, table.md's second table)."""
 
 import csv
 import json
@@ -7,8 +7,7 @@ import math
 
 import pytest
 
-import plot_norms
-from lab import stats
+from lab import paper, stats
 from lab.designs import DesignConfig
 
 
@@ -50,7 +49,7 @@ def test_paired_differences_match_a_hand_computation(tmp_path):
     fake_run(root, 'wide-raw-seed1', 1, [[3.0, 3.0], [1.0, 1.0]], readout='raw', n_embd=128)  # no rms of its width
 
     figs = tmp_path / 'figs'
-    plot_norms.main([str(root / '*'), '--fig_dir', str(figs), '--exit_windows=0', '--reference=per_loop-rmsnorm'])
+    paper.main([str(root / '*'), '--fig_dir', str(figs), '--exit_windows=0', '--reference=per_loop-rmsnorm'])
     mean, sd = -0.10, (sum((d + 0.10) ** 2 for d in diff.values()) / 4) ** 0.5  # sample std, n - 1 = 4
     se = sd / 5 ** 0.5
     lo, hi = mean - 2.7764 * se, mean + 2.7764 * se  # t_{0.975, 4}

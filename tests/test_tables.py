@@ -10,8 +10,7 @@ import shlex
 import pytest
 
 from conftest import ROOT
-import plot_norms
-from lab import atlas, converge, cost, norm_course, verdicts
+from lab import atlas, converge, cost, interaction, norm_course, paper, verdicts
 
 DOCS = os.path.join(ROOT, 'docs', 'results.md')
 SECTION = '## Every committed table and its logs'
@@ -20,15 +19,21 @@ REBUILT = {
     'figures/atlas': "python -m lab.atlas 'figures/atlas/runs/*' --fig_dir=figures/atlas",
     'figures/atlas_gpt2': "python -m lab.atlas --init=gpt2 'figures/atlas_gpt2/runs/*' --fig_dir=figures/atlas_gpt2",
     'figures/atlas_untied': "python -m lab.atlas 'figures/atlas_untied/runs/*' --fig_dir=figures/atlas_untied",
-    'figures/gate': "python plot_norms.py 'figures/gate/runs/*' --fig_dir=figures/gate",
+    'figures/gate': "python -m lab.paper 'figures/gate/runs/*' --fig_dir=figures/gate",
     'figures/laptop_10k': "python -m lab.norm_course 'figures/laptop_10k/runs/*' --fig_dir=figures/laptop_10k",
     'figures/verdicts': "python -m lab.verdicts --fig_dir=figures/verdicts",
     'figures/cost': "python -m lab.cost 'figures/cost/runs/*' --fig_dir=figures/cost",
     'figures/converge': "python -m lab.converge 'figures/converge/runs/*' --fig_dir=figures/converge",
-    'figures/laptop': "python plot_norms.py 'figures/laptop/runs/*' --fig_dir=figures/laptop --exit_windows=0",
+    'figures/laptop': "python -m lab.paper 'figures/laptop/runs/*' --fig_dir=figures/laptop --exit_windows=0",
 }
-TOOLS = {'lab.atlas': atlas.main, 'lab.norm_course': norm_course.main, 'plot_norms.py': plot_norms.main,
-         'lab.verdicts': verdicts.main, 'lab.cost': cost.main, 'lab.converge': converge.main}
+# the interaction's table, once its runs are committed and it is written: read from the convergence grid's
+# committed runs and its own (the default folders), so its command names none
+INTERACTION = ('figures/interaction', "python -m lab.interaction --fig_dir=figures/interaction")
+if os.path.exists(os.path.join(ROOT, INTERACTION[0], 'table.md')):
+    REBUILT[INTERACTION[0]] = INTERACTION[1]
+TOOLS = {'lab.atlas': atlas.main, 'lab.norm_course': norm_course.main, 'lab.paper': paper.main,
+         'lab.verdicts': verdicts.main, 'lab.cost': cost.main, 'lab.converge': converge.main,
+         'lab.interaction': interaction.main}
 # the tables no committed log backs: their runs' folders (out/) or checkpoints were never committed; the docs'
 # section gives each one's reason and the command that trains its runs again
 LOGLESS = [
@@ -75,7 +80,7 @@ def test_every_table_under_figures_is_rebuilt_from_its_committed_logs(folder, sh
     if folder in REBUILT:
         command = REBUILT[folder]
         assert f"`{command}`" in section, f"docs/results.md's section {SECTION!r} does not name {command}"
-        words = shlex.split(command)  # python -m lab.<tool> ... or python plot_norms.py ...
+        words = shlex.split(command)  # python -m lab.<tool> ...
         tool, argv = (words[2], words[3:]) if words[1] == '-m' else (words[1], words[2:])
         # the runs' dataset from a prepared copy of the shipped text: the atlas's unigram loss needs it, and the
         # repository's data/ is never touched by the tests
@@ -96,6 +101,20 @@ def test_every_table_under_figures_is_rebuilt_from_its_committed_logs(folder, sh
         assert all(cell.strip() for cell in rows[0].strip('|').split('|')), rows[0]
     assert all(os.path.exists(os.path.join(ROOT, p)) for p in LOGLESS if os.path.dirname(p) == folder), \
         f"a table listed in LOGLESS under {folder} is gone: drop it from the list"
+
+
+def test_the_interaction_table_is_what_its_command_writes_from_the_committed_logs(tmp_path, monkeypatch):
+    """figures/interaction/table.md, where it is committed, is lab.interaction's output on the committed logs of
+    the convergence grid and its own, byte for byte (a seed added or a log changed after the table was written
+    fails)."""
+    folder, command = INTERACTION
+    path = os.path.join(ROOT, folder, 'table.md')
+    if not os.path.exists(path):
+        pytest.skip(f"{folder}/table.md is not written yet: its runs are still training")
+    monkeypatch.chdir(ROOT)
+    interaction.main([*shlex.split(command)[3:], f'--fig_dir={tmp_path}'])
+    with open(path, 'rb') as f:
+        assert (tmp_path / 'table.md').read_bytes() == f.read(), f"{folder}/table.md is not what {command} writes"
 
 
 def test_every_committed_log_reads_back_with_every_flag_train_py_has_today():

@@ -339,6 +339,8 @@ def test_every_readme_command_parses():
             continue
         elif script == '-m lab.bench':  # its own flags, then train.py's
             bench.parse(argv)
+        elif script == '-m lab.train':  # train.py's flags and the designs'
+            importlib.import_module('lab.train').parse_args(argv)
         elif script.startswith('-m '):  # a lab tool (python -m lab.atlas) or a data/<name>/prepare.py
             importlib.import_module(script[3:]).get_parser().parse_args(argv)
         elif script == 'train':
@@ -361,10 +363,10 @@ def test_readme_flags_exist_and_the_concept_table_matches_the_defaults():
     import importlib
     import importlib.util
     sys.path.insert(0, os.path.join(ROOT, 'assignments'))
-    parsers = [train.get_parser(), sample.get_parser(), diagnose.get_parser(), plot_norms.get_parser(),
+    parsers = [train.get_parser(), importlib.import_module('lab.train').get_parser(), sample.get_parser(), diagnose.get_parser(), plot_norms.get_parser(),
                bench.own_parser(), faults.get_parser(), matched_depth.get_parser(), atlas.get_parser(),
                norm_course.get_parser(), converge.get_parser()]
-    parsers += [importlib.import_module(m).get_parser() for m in ('lab.compare', 'data.shakespeare_char.prepare', 'data.shakespeare.prepare',
+    parsers += [importlib.import_module(m).get_parser() for m in ('lab.compare', 'lab.sample', 'lab.paper', 'data.shakespeare_char.prepare', 'data.shakespeare.prepare',
                 'data.wikitext103.prepare', 'make_student', 'check_answers', 'mutations',
                 'test_pinned_math')]
     spec = importlib.util.spec_from_file_location('key_mutations', os.path.join(ROOT, 'assignments', 'key', 'mutations.py'))
@@ -379,23 +381,19 @@ def test_readme_flags_exist_and_the_concept_table_matches_the_defaults():
     assert named - known == set(), named - known
     table = re.findall(r'^\| `(--\w+)` \| `([^`]*)` \|', readme(), flags=re.M)
     assert len(table) >= 5, table
-    parser = train.get_parser()
+    parser = importlib.import_module('lab.train').get_parser()  # the paper's flags and the designs'
     parser.set_defaults(**train.CONFIGS['laptop'])
     for flag, default in table:
         assert str(parser.get_default(flag[2:])) == default, (flag, default, parser.get_default(flag[2:]))
 
 
-def test_sample_needs_only_the_model_and_the_lab(finished_run, tmp_path):
-    """sample.py runs from a folder that holds nothing of this repository but sample.py, looped.py, the lab package
-    (lab/runs.py loads the checkpoint) and data/common.py (the atomic writes lab/ imports): no dataset, no train.py."""
+def test_sample_needs_only_the_model(finished_run, tmp_path):
+    """sample.py runs from a folder that holds nothing of this repository but sample.py and looped.py: no lab,
+    no dataset, no train.py."""
     import shutil
     _, out = finished_run
     for name in ('sample.py', 'looped.py'):
         shutil.copy(os.path.join(ROOT, name), tmp_path / name)
-    shutil.copytree(os.path.join(ROOT, 'lab'), tmp_path / 'lab', ignore=shutil.ignore_patterns('__pycache__'))
-    (tmp_path / 'data').mkdir()
-    for name in ('__init__.py', 'common.py'):
-        shutil.copy(os.path.join(ROOT, 'data', name), tmp_path / 'data' / name)
     r = subprocess.run([sys.executable, 'sample.py', '--out_dir', str(out), '--max_new_tokens=10', '--num_samples=1'],
                        cwd=tmp_path, capture_output=True, text=True, env={**os.environ, 'PYTHONPATH': ''})
     assert r.returncode == 0 and 'mean loops per token' in r.stdout, r.stderr
@@ -439,9 +437,14 @@ def test_prepare_refuses_a_too_large_vocabulary_before_writing(tmp_path):
     assert {n: digest(tmp_path / n) for n in before} == before
 
 
+def lab_train_run(data, out_dir, *flags):  # the lab's entry, which locks its folder (its grids' workers)
+    from lab import train as lab_train
+    lab_train.main(['--dataset', data, '--out_dir', str(out_dir), *TINY, *flags])
+
+
 def test_a_lock_held_by_a_live_process_refuses_the_run_and_names_its_pid(small_data, tmp_path):
-    """The lock itself, without any race: another process holds out_dir/run.lock, so train.py must stop at once
-    with one line naming that process."""
+    """The lock itself, without any race: another process holds out_dir/run.lock, so python -m lab.train must
+    stop at once with one line naming that process."""
     holder = subprocess.Popen([sys.executable, '-c', 'import fcntl, os, sys, time\n'
                                'f = open(sys.argv[1], "a+"); fcntl.flock(f, fcntl.LOCK_EX)\n'
                                'f.write(f"{os.getpid()}\\n"); f.flush(); print("locked", flush=True); time.sleep(60)',
@@ -449,7 +452,7 @@ def test_a_lock_held_by_a_live_process_refuses_the_run_and_names_its_pid(small_d
     try:
         assert holder.stdout.readline().strip() == 'locked'
         with pytest.raises(SystemExit) as e:
-            run_train(small_data, tmp_path, '--max_iters=2')
+            lab_train_run(small_data, tmp_path, '--max_iters=2')
         assert f'in use by another train.py (pid {holder.pid})' in str(e.value.code) and '\n' not in str(e.value.code)
         assert not (tmp_path / 'ckpt.pt').exists()
     finally:
@@ -458,9 +461,9 @@ def test_a_lock_held_by_a_live_process_refuses_the_run_and_names_its_pid(small_d
 
 
 def test_a_second_run_in_a_busy_out_dir_is_refused(small_data, tmp_path):
-    """While one train.py runs in out_dir, a second one (here: --resume, and --overwrite) is refused in one line
-    that names the first one's pid, and the first run's files are untouched by it."""
-    cmd = [sys.executable, '-u', 'train.py', '--dataset', small_data, '--out_dir', str(tmp_path), *TINY,
+    """While one python -m lab.train runs in out_dir, a second one (here: --resume, and --overwrite) is refused
+    in one line that names the first one's pid, and the first run's files are untouched by it."""
+    cmd = [sys.executable, '-u', '-m', 'lab.train', '--dataset', small_data, '--out_dir', str(tmp_path), *TINY,
            '--max_iters=100000', '--eval_interval=2']
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -469,7 +472,7 @@ def test_a_second_run_in_a_busy_out_dir_is_refused(small_data, tmp_path):
                 break
         for flag in ('--resume', '--overwrite'):
             with pytest.raises(SystemExit) as e:  # a short run: without the lock it would end at once, not hang
-                run_train(small_data, tmp_path, '--max_iters=3', flag)
+                lab_train_run(small_data, tmp_path, '--max_iters=3', flag)
             assert f'in use by another train.py (pid {proc.pid})' in str(e.value.code), e.value.code
         assert read_log(tmp_path)[0]['config']['max_iters'] == 100000  # the first run's log, not replaced
     finally:

@@ -1,6 +1,6 @@
 """train.py as a student reads it: it trains looped.py's model (an edit to looped.py reaches the run), it needs
-few names from the lab to follow, its --help lists the paper's flags before the designs', and every design flag
-still trains."""
+few names from the lab to follow; python -m lab.train's --help lists the paper's flags before the designs', and
+every design flag trains through it (and is refused by train.py in one line naming it)."""
 
 import ast
 import importlib
@@ -14,9 +14,10 @@ import types
 import pytest
 import torch
 
+import lab.train as lab_train
 import train
 from conftest import ROOT
-from lab.designs import DesignConfig, DesignedGPT
+from lab.designs import DesignConfig, DesignedGPT, design_examples
 from looped import LoopedConfig, LoopedGPT
 
 TINY = ['--n_layer=1', '--n_embd=16', '--n_head=2', '--n_loop=2', '--block_size=16', '--batch_size=2',
@@ -73,8 +74,8 @@ def scratch_copy(tmp_path):
     return dst
 
 
-def run_train(repo, small_data, *flags):
-    cmd = [sys.executable, 'train.py', '--dataset', small_data, '--out_dir', 'out/x', '--overwrite', *TINY, *flags]
+def run_train(repo, small_data, *flags, script=('train.py',)):
+    cmd = [sys.executable, *script, '--dataset', small_data, '--out_dir', 'out/x', '--overwrite', *TINY, *flags]
     return subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=300)
 
 
@@ -105,14 +106,22 @@ def test_an_edit_to_looped_py_reaches_the_default_run_and_a_design_run_still_tra
          "        raise RuntimeError('a student was here')\n        return torch.optim")
     stopped = run_train(repo, small_data)
     assert stopped.returncode != 0 and 'a student was here' in stopped.stderr
-    # the extension has its own optimizer groups, so it trains still
-    sandwich = run_train(repo, small_data, '--block=sandwich')
+    # the extension has its own optimizer groups, so it trains still, through the lab's entry
+    sandwich = run_train(repo, small_data, '--block=sandwich', script=('-m', 'lab.train'))
     assert sandwich.returncode == 0, sandwich.stderr
     assert 'DesignedGPT' in sandwich.stdout
 
 
+def test_train_py_refuses_a_design_flag_in_one_line_naming_the_labs_entry():
+    out = subprocess.run([sys.executable, 'train.py', '--block=sandwich'], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode != 0 and not out.stdout
+    assert out.stderr.strip().count('\n') == 0 and 'python -m lab.train' in out.stderr, out.stderr
+    assert "the field's designs:" not in train.get_parser().format_help()
+
+
 def test_help_lists_the_papers_flags_then_the_designs_in_a_group_of_their_own():
-    text = train.get_parser().format_help()
+    text = lab_train.get_parser().format_help()
     assert "the field's designs:" in text
     paper, designs = text.split("the field's designs:")
     listed = lambda flag, part: re.search(rf'\n  {flag} ', part)  # where --help describes the flag
@@ -122,30 +131,29 @@ def test_help_lists_the_papers_flags_then_the_designs_in_a_group_of_their_own():
         assert listed(flag, designs) and not listed(flag, paper), flag
 
 
-# one value off its default for each design flag (and the paper's flags' design values)
-DESIGN_VALUES = {'gate_input': 'readout', 'gate_beta': 0.2, 'init': 'gpt2', 'mlp': 'gelu', 'injection': 'diagonal',
-                 'n_prelude': 1, 'n_coda': 1, 'block': 'deepnorm', 'depth_sampling': 'poisson_lognormal',
-                 'residual_scale': 'inverse_k', 'bptt': 1, 'jacobian_penalty': 0.1, 'attention': 'manual',
-                 'supervision': 'gated', 'recurrence': 'damped'}
+# one value off its default for each design flag (and the paper's flags' design values), from lab/designs.py's
+# table of the designs' flags (DESIGN_FLAGS): a new design brings its own
+DESIGN_VALUES = design_examples()
 
 
 def test_every_design_flag_is_listed_and_chooses_the_extension():
     paper = {f.name for f in __import__('dataclasses').fields(LoopedConfig)}
     design_fields = {f.name for f in __import__('dataclasses').fields(DesignConfig)} - paper
     assert design_fields | {'supervision', 'recurrence'} == set(DESIGN_VALUES)
-    GPT, config = train.model_config(train.parse_args([]))
+    GPT, config = lab_train.model_config(lab_train.parse_args([]))
     assert GPT is LoopedGPT and type(config) is LoopedConfig
     for name, value in DESIGN_VALUES.items():
-        GPT, config = train.model_config(train.parse_args([f'--{name}={value}']))
+        GPT, config = lab_train.model_config(lab_train.parse_args([f'--{name}={value}']))
         assert GPT is DesignedGPT and getattr(config, name) == value, name
 
 
 @pytest.mark.parametrize('name', sorted(DESIGN_VALUES))
 def test_every_design_flag_trains_a_step(name):
-    """Each design flag alone builds the model train.py builds for it, and one step changes its weights."""
+    """Each design flag alone builds the model python -m lab.train builds for it, and one step changes its
+    weights."""
     argv = [f'--{name}={DESIGN_VALUES[name]}', '--n_layer=1', '--n_embd=16', '--n_head=2', '--n_loop=2',
             '--block_size=8']
-    GPT, config = train.model_config(train.parse_args(argv), vocab_size=11)
+    GPT, config = lab_train.model_config(lab_train.parse_args(argv), vocab_size=11)
     torch.manual_seed(0)
     model = GPT(config)
     optimizer = model.configure_optimizers(0.01, 1e-3, 'cpu')
@@ -160,7 +168,7 @@ def test_every_design_flag_trains_a_step(name):
 
 
 @pytest.mark.parametrize('flag', ['--injection=diagonal', '--supervision=gated'])
-def test_a_design_run_trains_through_train_py(small_data, tmp_path, flag, capsys):
-    train.main(['--dataset', small_data, '--out_dir', str(tmp_path / 'r'), *TINY, flag])
+def test_a_design_run_trains_through_the_labs_entry(small_data, tmp_path, flag, capsys):
+    lab_train.main(['--dataset', small_data, '--out_dir', str(tmp_path / 'r'), *TINY, flag])
     out = capsys.readouterr().out
     assert 'DesignedGPT' in out and 'done: 1 steps' in out

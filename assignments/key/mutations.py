@@ -11,7 +11,7 @@ The graders run in this one process (pytest.main, with every module of the scrat
 so torch is imported once; the 116 mutations, with --stubs, in the two halves the instructor check runs side by
 side, took 54 s and 78 s on a 2-core machine that ran several other jobs (load average 6 to 7).
 tests/test_course_kit.py runs it and requires every mutation to be caught by a failing test (not by an import
-or collection error).
+or collection error), and every entry that names a hint to be caught with that hint in the first failure.
 """
 
 import argparse
@@ -28,7 +28,8 @@ sys.dont_write_bytecode = True  # a mutated file must never be read back from a 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# (assignment, file, what the mistake is, reference text, wrong text)
+# (assignment, file, what the mistake is, reference text, wrong text[, the hint its grader must give]): where a
+# hint is given, the first failure's message must contain it (the grader names the mistake in its own words)
 MUTATIONS = [
     # ---- A1: RMSNorm.forward, Readout.forward ----
     ('a1', 'looped.py', 'eps outside the square root',
@@ -171,7 +172,22 @@ MUTATIONS = [
     ('a5', 'looped.py', 'lambda left out',
      'return self.config.norm_penalty * mean_squares.mean()', 'return mean_squares.mean()'),
     ('a5', 'looped.py', 'the states detached',
-     '[h.float().pow(2).mean() for h in states]', '[h.detach().float().pow(2).mean() for h in states]'),
+     '[h.float().pow(2).mean() for h in states]', '[h.detach().float().pow(2).mean() for h in states]',
+     'the penalty must stay in the autograd graph'),
+    ('a5', 'looped.py', 'the penalty detached',
+     'return self.config.norm_penalty * mean_squares.mean()',
+     'return self.config.norm_penalty * mean_squares.mean().detach()',
+     'the penalty must stay in the autograd graph'),
+    ('a5', 'looped.py', 'the penalty returned as a float (.item())',
+     'return self.config.norm_penalty * mean_squares.mean()',
+     'return self.config.norm_penalty * mean_squares.mean().item()',
+     'the penalty must stay in the autograd graph'),
+    ('a5', 'looped.py', 'a float returned at lambda = 0',
+     '        return self.config.norm_penalty * mean_squares.mean()',
+     '''        if self.config.norm_penalty == 0:
+            return 0.0
+        return self.config.norm_penalty * mean_squares.mean()''',
+     'return a tensor, also at lambda = 0'),
     ('a5', 'looped.py', 'only the last state penalized',
      'return self.config.norm_penalty * mean_squares.mean()',
      'return self.config.norm_penalty * mean_squares[-1:].mean()'),
@@ -475,7 +491,7 @@ def main(argv=None):
                                   'all_not_implemented': bool(got.messages) and all(marker in m for m in got.messages)}),
                       flush=True)
         tried = caught = 0
-        for a, path, what, old, new in MUTATIONS:
+        for a, path, what, old, new, *hint in MUTATIONS:
             if a not in chosen:
                 continue
             file = os.path.join(root, path)
@@ -496,9 +512,11 @@ def main(argv=None):
             tried += 1
             hit = got.failed > 0 and got.errors == 0 and got.failed_files == {grader(root, a)}  # its own grader
             caught += hit
-            print(json.dumps({'assignment': a, 'mutation': what, 'caught': hit, 'failed': got.failed,
-                              'errors': got.errors, 'failed_in': sorted(got.failed_files), 'first': got.first}),
-                  flush=True)
+            record = {'assignment': a, 'mutation': what, 'caught': hit, 'failed': got.failed, 'errors': got.errors,
+                      'failed_in': sorted(got.failed_files), 'first': got.first}
+            if hint:  # the hint the grader must give for this mistake, and whether its first failure gave it
+                record.update(hint=hint[0], hint_given=hint[0] in got.first)
+            print(json.dumps(record), flush=True)
     print(f"mutation suite: {tried} tried, {caught} caught ({time.time() - start:.0f} s)")
     return 0 if caught == tried else 1
 

@@ -87,6 +87,26 @@ def check_close(got, expected, what, rtol=1e-5, atol=1e-6, hint=''):
             f"{g} where {e} is expected. {hint}".rstrip())
 
 
+def penalty_of(model, states):
+    """model.penalty_loss(states), checked first for the two mistakes that would otherwise surface as torch's own
+    error in a later line (an AttributeError at .item(), or "element 0 of tensors does not require grad" at
+    .backward()): it must return a tensor, also at lambda = 0, and at lambda > 0 that tensor must carry the
+    gradient of the states that require one."""
+    got = model.penalty_loss(states)
+    lam = model.config.norm_penalty
+    if not isinstance(got, torch.Tensor):
+        if lam == 0:
+            raise AssertionError(f"penalty_loss returned a {type(got).__name__} at lambda = 0: return a tensor, "
+                                 f"also at lambda = 0 (torch.zeros(()), or lambda times the mean as for any "
+                                 f"other lambda)")
+        raise AssertionError(f"penalty_loss returned a {type(got).__name__}, not a tensor: the penalty must stay "
+                             f"in the autograd graph: do not .detach() or .item() it")
+    if lam != 0 and any(h.requires_grad for h in states) and not got.requires_grad:
+        raise AssertionError("penalty_loss returned a tensor with no gradient to the states: the penalty must "
+                             "stay in the autograd graph: do not .detach() or .item() it (nor the states)")
+    return got
+
+
 def corpus_text():
     """The real tiny Shakespeare text, data/shakespeare_char/input.txt, which ships with the repository. A grader
     that needs it fails (never skips) without it, so nothing passes unseen."""

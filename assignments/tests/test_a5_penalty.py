@@ -4,14 +4,15 @@ PYTEST_DONT_REWRITE"""
 import pytest
 import torch
 
-from grading import batch, check_close, distinct, short_run, tiny, one_thread  # noqa: F401 (one_thread: autouse, torch on one thread here)
+from grading import batch, check_close, distinct, penalty_of, short_run, tiny, one_thread  # noqa: F401 (one_thread: autouse, torch on one thread here)
 
 
 def test_value_is_lambda_times_the_mean_over_loops_of_the_mean_square():
-    """Not the squared L2 norm, not a sum over loops: lambda * mean_k mean(h_k^2)."""
+    """Not the squared L2 norm, not a sum over loops: lambda * mean_k mean(h_k^2). First (penalty_of): a tensor that
+    keeps the states' gradient, also at lambda = 0 a tensor."""
     model = tiny(norm_penalty=0.5)
-    states = [torch.full((2, 4, 32), 1.0), torch.full((2, 4, 32), 2.0), torch.full((2, 4, 32), 3.0)]
-    got = model.penalty_loss(states).item()
+    states = [torch.full((2, 4, 32), v, requires_grad=True) for v in (1.0, 2.0, 3.0)]
+    got = penalty_of(model, states).item()
     want = 0.5 * (1 + 4 + 9) / 3
     hints = {0.5 * 14: 'a sum over loops instead of the mean', 0.5 * 14 / 3 * 256: 'a sum over elements (squared L2 '
              'norm) instead of the mean', 0.5 * 14 * 256: 'sums over loops and elements', 14 / 3: 'lambda left out',
@@ -20,7 +21,7 @@ def test_value_is_lambda_times_the_mean_over_loops_of_the_mean_square():
     assert got == pytest.approx(want), \
         "the penalty's value, lambda = 0.5 and states filled with 1, 2 and 3: got {}, expected lambda * mean_k " \
         "mean(h_k^2) = {} ({})".format(*distinct(got, want), hint)
-    zero = tiny(norm_penalty=0.0).penalty_loss(states).item()
+    zero = penalty_of(tiny(norm_penalty=0.0), states).item()
     assert zero == 0.0, f"with lambda = 0 the penalty must be 0, got {zero:.4g}"
 
 
@@ -28,7 +29,7 @@ def test_gradient_is_radial():
     """d penalty / d h_k = 2 * lambda * h_k / (K * h_k.numel()): along h_k, so it pushes only on the scale."""
     model = tiny(norm_penalty=0.01)
     states = [(torch.randn(2, 4, 32) * s).requires_grad_() for s in (1.0, 10.0, 100.0)]
-    model.penalty_loss(states).backward()
+    penalty_of(model, states).backward()
     for k, h in enumerate(states, 1):
         assert h.grad is not None, f"h_{k} gets no gradient from the penalty: is it detached?"
         check_close(h.grad, 2 * 0.01 * h.detach() / (3 * h.numel()), f"d penalty / d h_{k} against "

@@ -15,7 +15,7 @@ The default tokenizer is the paper's word-level one: a regex splits the text int
 word characters, and single punctuation marks; the vocabulary is the 20,000 most frequent tokens that occur at
 least twice in the training split, plus <unk> (id 0) for everything else. It is what makes the paper's models
 44M and 129M parameters; the script prints the parameter counts both configurations get from its vocabulary
-(so it imports the model, and with it torch).
+(so it imports looped.py's model, and with it torch).
 """
 
 import argparse
@@ -42,6 +42,10 @@ SPLITS = {'train': 'wiki.train.raw', 'val': 'wiki.valid.raw'}
 # The published sizes (WikiText paper, Merity et al. 2016, and the dataset's line counts): tokens are the
 # whitespace-separated words plus one end-of-line token per line, as the paper counts them.
 PUBLISHED = {'train': {'lines': 1_801_350, 'tokens': 103_227_021}, 'val': {'lines': 3_760, 'tokens': 217_646}}
+# The shapes of train.py's two paper configurations (--config=paper_44m, paper_129m): the parameter count they get
+# from the vocabulary is printed at the end
+PAPER_SHAPES = {'paper_44m': dict(n_layer=8, n_embd=512, n_head=8, n_loop=4, block_size=256),
+                'paper_129m': dict(n_layer=12, n_embd=768, n_head=12, n_loop=4, block_size=256)}
 
 
 def check_zip(path):
@@ -140,10 +144,9 @@ def main(argv=None):
         write_dataset(args.out_dir, ids['train'], ids['val'], meta)
     except PrepareError as e:
         sys.exit(f"prepare.py: error: {e}")
-    from train import model_config, parse_args
-    for name in ('paper_44m', 'paper_129m'):
-        GPT, config = model_config(parse_args([f'--config={name}']), meta['vocab_size'])
-        with_vocab = GPT(config)
+    from looped import LoopedConfig, LoopedGPT  # here: the counts are all that needs torch
+    for name, shape in PAPER_SHAPES.items():
+        with_vocab = LoopedGPT(LoopedConfig(vocab_size=meta['vocab_size'], **shape))
         print(f"{name} with this vocabulary ({meta['vocab_size']:,}): {with_vocab.num_params():,} parameters")
     print(f"done in {time.time() - t0:.0f} s -> {args.out_dir}")
 

@@ -1,0 +1,97 @@
+"""
+Train one of the field's designs: train.py's flags, data, loop, evaluation and checkpoints, with the
+designs' flags on top and lab/designs.py's DesignedGPT where one of them is on.
+
+    python -m lab.train --block=sandwich                        # a design, the laptop run otherwise
+    python -m lab.train --injection=add --readout=raw --n_loop=8
+    python -m lab.train --readout=raw                           # no design: train.py's LoopedGPT
+
+Nothing here is a second training loop: train.main runs, given this parser (train.py's plus the
+designs' group, and --supervision=gated, --recurrence=damped) and train.Hooks answered for the
+designs (Designs). With no design flag off its default the run is train.py's own: LoopedGPT, the
+same log and checkpoint, bit for bit. The run folder is locked for the run's life, so that two
+workers of a grid never train in one folder.
+"""
+
+import os
+from dataclasses import fields
+
+import train
+from lab.designs import CHOICES, DesignConfig, DesignedGPT, add_design_flags, designs_asked
+from lab.report import design_line, design_values
+from lab.runs import lock_folder, run_name
+from lab.runtime import compile_regions
+
+PROG = 'python -m lab.train'
+
+
+def get_parser():
+    """train.py's parser under this command's name, with the designs' choices and flags added."""
+    p = train.get_parser(PROG)
+    for action in p._actions:  # the paper's two choice flags take the designs' values too
+        if action.dest in ('supervision', 'recurrence'):
+            action.choices = CHOICES[action.dest]
+    add_design_flags(p)
+    return p
+
+
+def model_config(args, vocab_size=65):
+    """(class, config): train.py's LoopedGPT where no design is asked, else DesignedGPT."""
+    if not designs_asked(args):
+        return train.model_config(args, vocab_size)
+    values = {f.name: getattr(args, f.name) for f in fields(DesignConfig) if f.name != 'vocab_size'}
+    if args.tie_weights is None:  # unset: tied as the authors', untied as nanochat's under gpt2
+        values['tie_weights'] = args.init != 'gpt2'
+    return DesignedGPT, DesignConfig(vocab_size=vocab_size, **values)
+
+
+class Designs(train.Hooks):
+    """train.py's hooks, answered for the designs: the model, the depth a step draws, what DDP is
+    told, what is compiled, and what the eval line and the log show of what a design learned."""
+    Config = DesignConfig  # a resumed run keeps every design field too
+
+    def model_config(self, args, vocab_size):
+        return model_config(args, vocab_size)
+
+    def depth(self, model, seed, step):
+        return model.sampled_depth(seed, step) if isinstance(model, DesignedGPT) else \
+            super().depth(model, seed, step)
+
+    def depth_label(self, config):  # r: this step's drawn count, under --depth_sampling
+        return 'K' if getattr(config, 'depth_sampling', 'fixed') == 'fixed' else 'r'
+
+    def unused_parameters(self, config):
+        return config.may_leave_parameters_unused() if isinstance(config, DesignConfig) else \
+            super().unused_parameters(config)
+
+    def start(self, args, ckpt, header):  # under the lock: a grid's workers never share a folder
+        self.lock = lock_folder(args.out_dir)
+        return super().start(args, ckpt, header)
+
+    def compile(self, model):
+        compile_regions(model)  # the prelude and coda too; nothing under the Jacobian penalty
+
+    def values(self, model, batch, ctx):
+        return {**super().values(model, batch, ctx), **design_values(model, batch, ctx)}
+
+    def eval_extra(self, record):
+        return super().eval_extra(record) + design_line(record)
+
+
+def parse_args(argv=None):
+    """train.py's parse_args with this command's parser and run names (the lab's tools read a
+    design's flags so)."""
+    return train.parse_args(argv, get_parser(), name=lambda args: run_name(args.config, vars(args)))
+
+
+def main(argv=None):
+    hooks = Designs()
+    try:
+        train.main(argv, get_parser(), hooks, name=lambda a: run_name(a.config, vars(a)))
+    finally:
+        if getattr(hooks, 'lock', None) is not None:  # the folder free for the next run
+            os.close(hooks.lock)
+
+
+if __name__ == '__main__':
+    main()
