@@ -50,8 +50,8 @@ CONFIGS = {  # --config: values that replace the defaults below, unless typed on
                       max_iters=None, epochs=4, eval_interval=1000, eval_iters=20, log_interval=50,
                       learning_rate=3e-4, dataset='wikitext103'),
     'paper_129m': dict(n_layer=12, n_embd=768, n_head=12, block_size=256, batch_size=32,
-                       dropout=0.1, max_iters=None, epochs=4, eval_interval=1000, eval_iters=20, log_interval=50,
-                       learning_rate=3e-4, dataset='wikitext103'),
+                       dropout=0.1, max_iters=None, epochs=4, eval_interval=1000, eval_iters=20,
+                       log_interval=50, learning_rate=3e-4, dataset='wikitext103'),
 }
 HABITS = {  # flags a nanoGPT user types from memory, each answered in one line
     'init_from': 'continue a run with --resume; no GPT-2 weights are loaded here',
@@ -334,8 +334,9 @@ def check_folder(out_dir, resume, overwrite):
     """Before anything is built: refuse a planted link, or a run the command would replace."""
     for name in ('log.jsonl', 'ckpt.pt', 'log.jsonl.tmp', 'ckpt.pt.tmp'):
         if os.path.islink(os.path.join(out_dir, name)):
-            raise ValueError(f"{os.path.join(out_dir, name)} is a symbolic link; a run folder's own "
-                             "files must be plain files (remove the link, or use another --out_dir)")
+            raise ValueError(f"{os.path.join(out_dir, name)} is a symbolic link; a run folder's "
+                             "own files must be plain files (remove the link, or use another "
+                             "--out_dir)")
     ckpt, log = os.path.join(out_dir, 'ckpt.pt'), os.path.join(out_dir, 'log.jsonl')
     has_records = os.path.exists(log) and len(open(log, 'rb').read().strip().split(b'\n')) > 1
     if not resume and not overwrite and (os.path.exists(ckpt) or has_records):
@@ -369,7 +370,7 @@ def resume_args(args, given, device, model_fields):
     path = os.path.join(args.out_dir, 'ckpt.pt')
     if not os.path.exists(path):
         started = os.path.exists(os.path.join(args.out_dir, 'log.jsonl'))
-        parent = os.path.dirname(os.path.normpath(args.out_dir)) or '.'  # runs beside it, named by flags
+        parent = os.path.dirname(os.path.normpath(args.out_dir)) or '.'  # runs named by flags
         runs = sorted(os.path.join(parent, d) for d in os.listdir(parent) if os.path.isfile(
             os.path.join(parent, d, 'ckpt.pt'))) if os.path.isdir(parent) else []
         raise ValueError(f"no checkpoint at {path}: " + (
@@ -442,12 +443,13 @@ def save_checkpoint(path, state, step):
     except (OSError, RuntimeError) as e:
         kept = 'the previous checkpoint is kept' if os.path.exists(path) else \
             'no checkpoint was saved before'
-        raise ValueError(f"could not save {path} at step {step} "
-                         f"({getattr(e, 'strerror', None) or 'is the disk full?'}); {kept}") from None
+        why = getattr(e, 'strerror', None) or 'is the disk full?'  # torch's own error is opaque
+        raise ValueError(f"could not save {path} at step {step} ({why}); {kept}") from None
 
 
 def log_record(path, record):  # appended, never through a link planted since the log was written
-    with os.fdopen(os.open(path, os.O_WRONLY | os.O_APPEND | getattr(os, 'O_NOFOLLOW', 0)), 'a') as f:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | getattr(os, 'O_NOFOLLOW', 0))
+    with os.fdopen(fd, 'a') as f:
         f.write(json.dumps(record) + '\n')
 
 
@@ -469,7 +471,8 @@ class Interrupts:
         if self.received and signum == signal.SIGINT and self.world == 1:
             raise KeyboardInterrupt
         if not self.received:
-            again = ' (Ctrl-C again to abort)' if signum == signal.SIGINT and self.world == 1 else ''
+            again = ' (Ctrl-C again to abort)' if signum == signal.SIGINT and self.world == 1 \
+                else ''
             self.say(f"\n{signal.Signals(signum).name}: saving a checkpoint after this step{again}",
                      flush=True)
         self.received.append(signum)
@@ -535,7 +538,7 @@ class Progress:
         dt = (now - self.t_last) / (step - self.last_line)
         eta = (now - self.t_start) / (step - self.step_start) * (max_iters - step)
         mean = lambda xs: f"{torch.stack(xs).mean().item():.4f}" if xs else 'skipped'
-        mfu = 'n/a' if self.peak is None else f"{100 * self.tokens / dt * self.flops / self.peak:.1f}%"
+        mfu = 'n/a' if not self.peak else f"{100 * self.tokens / dt * self.flops / self.peak:.1f}%"
         line = (f"step {step}/{max_iters} | loss {mean(self.losses)} | "
                 + (f"r {n_loop} | " if d == 'r' else '') + f"ce_{d} {mean(self.ces)} | "
                 f"||h_{d}|| {h_norm:.1f} | {dt * 1000:.0f} ms/step | {self.tokens / dt:,.0f} tok/s"
@@ -571,7 +574,8 @@ class Hooks:
         return start_log(args, ckpt, header)
 
     def values(self, model, batch, ctx):  # what the run learned beyond the weights, for the log
-        return {'alpha': model.readout.norm.alpha().item()} if model.config.readout == 'alpha' else {}
+        alpha = model.config.readout == 'alpha'  # how much of the scale the readout chose to see
+        return {'alpha': model.readout.norm.alpha().item()} if alpha else {}
 
     def eval_extra(self, record):  # those values in the eval line
         return f" | alpha {record['alpha']:.3f}" if 'alpha' in record else ''
@@ -617,10 +621,14 @@ def setup(args, given, hooks):
     check_folder(args.out_dir, args.resume, args.overwrite)
     torch.manual_seed(args.seed)
     model = GPT(config).to(device)
-    optimizer = model.configure_optimizers(args.weight_decay, args.learning_rate, device)
+    kind = device.split(':')[0]  # 'cuda', 'cpu' or 'mps': the fused AdamW and the scaler ask
+    optimizer = model.configure_optimizers(args.weight_decay, args.learning_rate, kind)
     # float16's loss scaling, so that small gradients do not flush to 0; else a pass-through
-    scaler = torch.amp.GradScaler(device.split(':')[0], enabled=dtype == 'float16')
-    return argparse.Namespace(**locals())
+    scaler = torch.amp.GradScaler(kind, enabled=dtype == 'float16')
+    return argparse.Namespace(args=args, device=device, ctx=ctx, compile=compile, rank=rank,
+                              world=world, say=say, micro_steps=micro_steps,
+                              global_batch=global_batch, ckpt=ckpt, data=data, config=config,
+                              model=model, optimizer=optimizer, scaler=scaler)
 
 
 def restore(r):
@@ -643,72 +651,95 @@ def restore(r):
     return ckpt['step'], ckpt['best_val_loss'], ckpt['last_eval_step'], ckpt.get('record')
 
 
+def save(r):
+    """ckpt.pt: enough to continue exactly, and to sample without the data folder."""
+    rng = {'torch': torch.get_rng_state(), 'batches': r.data.gen.get_state(),
+           'cuda': torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+    if r.rank == 0:  # the other processes hold the same weights
+        save_checkpoint(os.path.join(r.args.out_dir, 'ckpt.pt'), {
+            'model': r.raw_model.state_dict(), 'optimizer': r.optimizer.state_dict(),
+            'scaler': r.scaler.state_dict(), 'config': r.config.to_dict(), 'args': vars(r.args),
+            'step': r.step, 'best_val_loss': r.best_val_loss, 'last_eval_step': r.last_eval_step,
+            'record': r.record, 'meta': r.data.meta, 'data': r.data.identity, 'rng': rng,
+            'run_id': r.run_id}, r.step)
+
+
+def kept(out_dir):  # what a failure leaves behind, in words
+    return (f"the last good checkpoint in {out_dir} is kept" if
+            os.path.exists(os.path.join(out_dir, 'ckpt.pt')) else "no checkpoint was saved yet")
+
+
+def check_finite(losses, step, out_dir):
+    """Stop at a non-finite training loss, naming its step: one sync reads every loss since the
+    last check (a divergence is never saved)."""
+    values = torch.stack(losses).tolist() if losses else []
+    for i, v in enumerate(values):
+        if not math.isfinite(v):
+            fail(f"training loss is {v} at step {step - len(values) + 1 + i}; stopping, "
+                 f"{kept(out_dir)} (try a lower --learning_rate)")
+    losses.clear()
+
+
+def eval_record(r, hooks, val_batches, train_batches, t_start):
+    """The log's record: the validation loss and ||h_k|| at depths 1..2K, the training loss at K,
+    the turn at each loop, what a design learned. A non-finite loss at any depth stops the run."""
+    K = r.config.n_loop
+    val_loss, val_norm = evaluate(r.raw_model, val_batches, 2 * K, r.ctx)
+    bad = [k + 1 for k, v in enumerate(val_loss) if not math.isfinite(v)]
+    if bad:
+        fail(f"validation loss is {val_loss[bad[0] - 1]} at depth {bad[0]} at step {r.step}; "
+             f"stopping, {kept(r.args.out_dir)}")
+    train_loss = evaluate(r.raw_model, train_batches, K, r.ctx)[0][K - 1]
+    return {'step': r.step, 'train_loss': train_loss, 'val_loss': val_loss,
+            'hidden_norm': val_norm, 'elapsed_s': round(time.time() - t_start, 2),
+            'turn': state_turn(r.raw_model, val_batches[0][0], 2 * K, r.ctx),
+            **hooks.values(r.raw_model, val_batches[0], r.ctx)}
+
+
+def agree(r, lossf, cef, stop):
+    """Under torchrun every process must see the same loss and stop at the same step, or they
+    hang: one all-reduce a step (the loss, the last exit's cross-entropy, the stop flag)."""
+    if r.world == 1:
+        return lossf, cef, stop
+    flag = torch.tensor(float(stop), device=lossf.device)
+    shared = torch.stack([lossf.float(), cef.float(), flag])
+    dist.all_reduce(shared)
+    return shared[0] / r.world, shared[1] / r.world, shared[2].item() > 0
+
+
 def train(r, hooks, interrupts):
     """The loop: every eval_interval steps evaluate, save, then log; every step a batch through
     forward, backward, clip and AdamW; every log_interval steps a progress line. Ctrl-C saves."""
-    args, model, raw, K, say = r.args, r.model, r.raw_model, r.config.n_loop, r.say
-    ckpt_path, log_path = os.path.join(args.out_dir, 'ckpt.pt'), os.path.join(args.out_dir, 'log.jsonl')
+    args, model, K, say = r.args, r.model, r.config.n_loop, r.say
     val_batches = r.data.fixed_batches('val', args.eval_iters)
     train_batches = r.data.fixed_batches('train', args.eval_iters)
-    progress = Progress(r.step, r.global_batch * r.config.block_size, raw.flops_per_token(),
-                        peak_flops(r.device))
-    losses = []  # since the last check that they are finite
-
-    def save():  # enough to continue exactly, and to sample without the data folder
-        rng = {'torch': torch.get_rng_state(), 'batches': r.data.gen.get_state(),
-               'cuda': torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
-        if r.rank == 0:  # the other processes hold the same weights
-            save_checkpoint(ckpt_path, {
-                'model': raw.state_dict(), 'optimizer': r.optimizer.state_dict(),
-                'scaler': r.scaler.state_dict(), 'config': r.config.to_dict(), 'args': vars(args),
-                'step': r.step, 'best_val_loss': r.best_val_loss, 'last_eval_step': r.last_eval_step,
-                'record': r.record, 'meta': r.data.meta, 'data': r.data.identity, 'rng': rng,
-                'run_id': r.run_id}, r.step)
-
-    def check_finite():  # one sync reads every loss since the last check
-        values = torch.stack(losses).tolist() if losses else []
-        for i, v in enumerate(values):
-            if not math.isfinite(v):
-                fail(f"training loss is {v} at step {r.step - len(values) + 1 + i}; stopping, "
-                     f"{kept()} (try a lower --learning_rate)")
-        losses.clear()
-
-    def kept():
-        return (f"the last good checkpoint in {args.out_dir} is kept" if os.path.exists(ckpt_path)
-                else "no checkpoint was saved yet")
-
+    progress = Progress(r.step, r.global_batch * r.config.block_size,
+                        r.raw_model.flops_per_token(), peak_flops(r.device))
+    losses = []  # the training losses since the last check that they are finite
     while True:
         # ---- evaluate, save, then log: a diverged run stops first, and is never saved
         if (r.step % args.eval_interval == 0 or r.step == args.max_iters) \
                 and r.step != r.last_eval_step:
             t_eval = time.time()
-            check_finite()
-            val_loss, val_norm = evaluate(raw, val_batches, 2 * K, r.ctx)  # depths 1..2K
-            bad = [k + 1 for k, v in enumerate(val_loss) if not math.isfinite(v)]
-            if bad:
-                fail(f"validation loss is {val_loss[bad[0] - 1]} at depth {bad[0]} at step {r.step}; "
-                     f"stopping, {kept()}")
-            record = {'step': r.step, 'train_loss': evaluate(raw, train_batches, K, r.ctx)[0][K - 1],
-                      'val_loss': val_loss, 'hidden_norm': val_norm,
-                      'elapsed_s': round(time.time() - progress.t_start, 2),
-                      'turn': state_turn(raw, val_batches[0][0], 2 * K, r.ctx),
-                      **hooks.values(raw, val_batches[0], r.ctx)}
-            r.best_val_loss = min(r.best_val_loss, val_loss[K - 1])
+            check_finite(losses, r.step, args.out_dir)
+            record = eval_record(r, hooks, val_batches, train_batches, progress.t_start)
+            r.best_val_loss = min(r.best_val_loss, record['val_loss'][K - 1])
             r.last_eval_step, r.record = r.step, record
             if r.step > 0:
-                save()  # the checkpoint first: the log never runs ahead of it
+                save(r)  # the checkpoint first: the log never runs ahead of it
             if r.rank == 0:
-                log_record(log_path, record)
-            say(f"eval {r.step}: val loss by depth {' '.join(f'{v:.3f}' for v in val_loss[:K])} | "
-                f"2K {val_loss[-1]:.3f} | ||h_k|| {' '.join(f'{v:.1f}' for v in val_norm[:K])} | "
-                f"2K {val_norm[-1]:.1f}{hooks.eval_extra(record)}")
+                log_record(os.path.join(args.out_dir, 'log.jsonl'), record)
+            loss, norm = record['val_loss'], record['hidden_norm']
+            say(f"eval {r.step}: val loss by depth {' '.join(f'{v:.3f}' for v in loss[:K])} | "
+                f"2K {loss[-1]:.3f} | ||h_k|| {' '.join(f'{v:.1f}' for v in norm[:K])} | "
+                f"2K {norm[-1]:.1f}{hooks.eval_extra(record)}")
             progress.t_last += time.time() - t_eval  # ms/step and tok/s: training steps alone
         if r.step >= args.max_iters:
             break
         # ---- one optimizer step: micro_steps forward/backward passes, clip, AdamW
         for group in r.optimizer.param_groups:
             group['lr'] = get_lr(args, r.step)
-        n_loop = hooks.depth(raw, args.seed, r.step)  # K (a design of lab/ may draw another)
+        n_loop = hooks.depth(r.raw_model, args.seed, r.step)  # K (a lab design may draw one)
         lossf = cef = 0.0
         for micro in range(r.micro_steps):
             x, y = r.data.train_batch()
@@ -728,11 +759,7 @@ def train(r, hooks, interrupts):
         r.optimizer.zero_grad(set_to_none=True)
         r.step += 1
         # ---- the bookkeeping: processes agree, divergence stops, progress prints, Ctrl-C saves
-        stop = bool(interrupts.received)
-        if r.world > 1:  # every process must see the same loss and stop at the same step
-            shared = torch.stack([lossf.float(), cef.float(), torch.tensor(float(stop), device=lossf.device)])
-            dist.all_reduce(shared)
-            lossf, cef, stop = shared[0] / r.world, shared[1] / r.world, shared[2].item() > 0
+        lossf, cef, stop = agree(r, lossf, cef, bool(interrupts.received))
         losses.append(lossf)  # a non-finite loss is a divergence, always
         if scale is not None and r.scaler.get_scale() < scale:  # the scaler skipped this step
             progress.skips += 1
@@ -741,18 +768,31 @@ def train(r, hooks, interrupts):
             progress.ces.append(cef)
         log_step = r.step % args.log_interval == 0 or r.step == args.max_iters
         if log_step or stop or r.world > 1:
-            check_finite()
+            check_finite(losses, r.step, args.out_dir)
         if log_step:
             say(progress.line(r.step, args.max_iters, stats['hidden_norm'][-1].item(),
                               hooks.depth_label(r.config), n_loop))
         if stop:
-            save()
+            save(r)
             if r.world > 1:  # no process exits before the save: torchrun kills the rest
                 dist.barrier()
-            say(f"saved {ckpt_path} at step {r.step}; continue with the same flags plus "
-                "--resume", flush=True)
+            say(f"saved {os.path.join(args.out_dir, 'ckpt.pt')} at step {r.step}; continue with "
+                "the same flags plus --resume", flush=True)
             sys.exit(130)
     return progress.t_start
+
+
+def check_replicas(r):
+    """DDP's point: every process ends with rank 0's weights, compared tensor by tensor."""
+    differ = 0
+    for p in r.raw_model.parameters():
+        theirs = p.detach().clone()
+        dist.broadcast(theirs, src=0)
+        differ += int(not torch.equal(theirs, p.detach()))
+    differ = torch.tensor([differ], device=r.device)  # NCCL reduces GPU tensors only
+    dist.all_reduce(differ)
+    r.say(f"weights identical on all {r.world} processes: {differ.item() == 0} "
+          f"({len(list(r.raw_model.parameters()))} tensors compared with rank 0's)")
 
 
 def main(argv=None, parser=None, hooks=Hooks(), name=run_name):
@@ -798,19 +838,12 @@ def main(argv=None, parser=None, hooks=Hooks(), name=run_name):
                 ok = True
                 return
             t_start = train(r, hooks, interrupts)
-        if r.world > 1:  # DDP's point: every process ends with rank 0's weights
-            differ = 0
-            for p in r.raw_model.parameters():
-                theirs = p.detach().clone()
-                dist.broadcast(theirs, src=0)
-                differ += int(not torch.equal(theirs, p.detach()))
-            differ = torch.tensor([differ], device=r.device)  # NCCL reduces GPU tensors only
-            dist.all_reduce(differ)
-            r.say(f"weights identical on all {r.world} processes: {differ.item() == 0} "
-                  f"({len(list(r.raw_model.parameters()))} tensors compared with rank 0's)")
+        if r.world > 1:
+            check_replicas(r)
         last = r.record
         r.say(f"done: {r.step} steps in {fmt_time(time.time() - t_start)}; final ||h_K|| "
-              f"{last['hidden_norm'][c.n_loop - 1]:.1f}, val loss {last['val_loss'][c.n_loop - 1]:.4f}; "
+              f"{last['hidden_norm'][c.n_loop - 1]:.1f}, val loss "
+              f"{last['val_loss'][c.n_loop - 1]:.4f}; "
               f"log {os.path.join(args.out_dir, 'log.jsonl')}")
         ok = True
     except ValueError as e:  # the run folder's one-line errors

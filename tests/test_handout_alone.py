@@ -18,7 +18,6 @@ import torch
 from conftest import ROOT
 
 ROOT_SCRIPTS = ('train', 'sample', 'plot_norms')  # the scripts beside looped.py, which data/ may not import
-MOVING = pytest.mark.xfail(strict=False, reason='its lab imports are being moved out of it')
 
 
 def imported_modules(source):
@@ -43,7 +42,7 @@ def read(path):
         return f.read()
 
 
-HANDOUT = [pytest.param('train.py', marks=MOVING), 'sample.py', pytest.param('plot_norms.py', marks=MOVING),
+HANDOUT = ['train.py', 'sample.py', 'plot_norms.py',
            *sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, 'notebooks', '*.ipynb'))),
            *sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, 'data', '**', '*.py'),
                                                                  recursive=True))]
@@ -75,10 +74,12 @@ def test_sample_py_knows_the_designs_defaults_it_names():
 
 
 def test_the_wikitext_prepare_script_counts_train_pys_paper_shapes():
+    import train
     from data.wikitext103 import prepare
-    from lab.configs import CONFIGS
+    from train import CONFIGS
     for name, shape in prepare.PAPER_SHAPES.items():
-        assert shape == {k: CONFIGS[name][k] for k in shape}, name
+        args = train.parse_args([f'--config={name}'])  # the config's values over train.py's defaults
+        assert shape == {k: getattr(args, k) for k in shape}, name
     assert set(prepare.PAPER_SHAPES) == {name for name in CONFIGS if name.startswith('paper_')}
 
 
