@@ -130,3 +130,13 @@ def test_only_a_step_the_scaler_skipped_counts_as_skipped(small_data, tmp_path, 
     assert 'loss skipped' in lines[2] and 'float16 steps skipped 1' in lines[2]  # 16 -> 4
     assert all('loss skipped' not in lines[i] for i in (0, 1, 3))  # 8 -> 8, 8 -> 16, 4 -> 8
     assert 'float16 steps skipped 1' in lines[3] and 'skipped' not in lines[1]
+
+
+def test_tok_s_counts_every_micro_step_and_process(small_data, tmp_path, monkeypatch):
+    """The progress line's tokens per step are the global batch's: batch x micro-steps x processes
+    x block_size (here 2 x 3 x 1 x 16), not one micro-step's."""
+    made, real = [], train.Progress
+    monkeypatch.setattr(train, 'Progress', lambda step, tokens, *a: made.append(tokens) or real(
+        step, tokens, *a))
+    run(small_data, tmp_path / 'r', '--max_iters=1', '--eval_interval=1', '--grad_accum=3')
+    assert made == [2 * 3 * 16]
