@@ -265,11 +265,12 @@ class LoopedGPT(nn.Module):
         edit(k, h_in, h_k, e) -> (h_k, e) may change each output or drop rows of the batch."""
         h = e
         for k in range(1, n_loop + 1):
-            h_in = h if k == 1 else self.carry(h)     # what pass k starts from: e, or carry(h)
-            h = self.loop_pass(h_in, e, k, n_loop, cache)  # (B, T, C): the stack, once
+            h_in = h                                  # what pass k starts from
+            h = self.loop_pass(h, e, k, n_loop, cache)  # (B, T, C): the stack, once
             if edit is not None:
                 h, e = edit(k, h_in, h, e)
             yield k, h
+            h = self.carry(h)                         # what the next pass starts from
 
     def loop_pass(self, h, e, k, n_loop, cache=None):
         """Pass k of n_loop: every layer of the stack once, in order, (B, T, C) -> (B, T, C). A

@@ -2,7 +2,7 @@
 The paper's tables and the measurements over seeds, on top of plot_norms.py's figures: the same runs (run folders,
 quoted globs, or --run to train the grid first), plot_norms.py's figures 1, 2, 3 and 5, and
 
-    python -m lab.paper 'figures/laptop/runs/*' --fig_dir=figures/laptop --exit_windows=0
+    python -m lab.paper 'out/paper/laptop/*' --fig_dir=out/paper/figures --exit_windows=0
     python -m lab.paper --run --config=laptop_long --seeds=8 --exit_windows=0   # train, draw, tabulate
     python -m lab.paper --run --grid=gate --seeds=3 --train_args='--init=gpt2'   # any of the lab's grids
 

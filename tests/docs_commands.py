@@ -96,6 +96,8 @@ def shrink(cmd):
     if '-m lab.norm_course' in cmd and '--run' in cmd:  # the seven 10,000-step runs: 4 steps each, fitted from step 1
         cmd = append(r'-m lab\.norm_course', f"--after=1 --train_args='{TINY_TRAIN}'", cmd)
     cmd = append(r'(?<!\w)train\.py', TINY_TRAIN + (' --batch_size=2 --block_size=64' if 'gpu_char' in cmd else ''), cmd)
+    cmd = append(r'-m lab\.train', TINY_TRAIN, cmd)  # a design's run: train.py's loop, 4 steps
+    cmd = append(r'-m lab\.sample', '--num_samples=1 --max_new_tokens=20', cmd)
     cmd = append(r'-m lab\.diagnose', '--max_windows=4 --diag_windows=2 --lemma_loops=3', cmd)
     cmd = append(r'sample\.py', '--num_samples=1 --max_new_tokens=20', cmd)
     cmd = append(r'-m lab\.bench(?! --suite)', '--steps=2 --warmup=1', cmd)

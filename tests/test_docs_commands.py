@@ -7,6 +7,7 @@ import shlex
 
 import plot_norms
 import train
+from lab import train as lab_train
 from lab import paper
 from docs_commands import commands, plan, written_files
 
@@ -36,6 +37,8 @@ def test_long_commands_are_shrunk_and_still_parse():
             continue
         if argv[:2] == ['python', 'train.py']:
             assert train.parse_args(argv[2:]).max_iters == 4, cmd  # never the documented thousands
+        elif argv[:3] == ['python', '-m', 'lab.train']:  # a design's: train.py's flags and its own
+            assert lab_train.parse_args(argv[3:]).max_iters == 4, cmd
         elif argv[:2] == ['python', 'plot_norms.py'] or argv[:3] == ['python', '-m', 'lab.paper']:
             tool = plot_norms if argv[1] == 'plot_norms.py' else paper
             args = tool.get_parser().parse_args(argv[2 if tool is plot_norms else 3:])

@@ -20,6 +20,7 @@ import torch
 from lab import grid, paper
 import plot_norms
 import train
+from lab import train as lab_train
 from conftest import ROOT
 from test_train import TINY
 
@@ -79,7 +80,8 @@ def test_a_corrupt_checkpoint_stops_lab_paper_before_any_figure(two_runs, tmp_pa
 def test_every_condition_is_named_back_from_its_flags():
     for conditions in grid.GRIDS.values():
         for name, flags in conditions.items():
-            assert grid.condition_name(train.model_config(train.parse_args(flags))[1].to_dict()) == name
+            config = lab_train.model_config(lab_train.parse_args(flags))[1]  # designs too: the lab's
+            assert grid.condition_name(config.to_dict()) == name
 
 
 @pytest.mark.parametrize('content, message', [

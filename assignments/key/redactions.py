@@ -23,7 +23,7 @@ REDACTIONS = [
      '    python train.py --readout=rmsnorm --norm_penalty=0  '
      '# the blind spot: ||h_K|| climbs\n'
      '    python train.py --readout=raw                       '
-     '# scale seen by the loss: ||h_K|| small\n',
+     '# the loss sees the scale: ||h_K|| small\n',
      '    python train.py --readout=rmsnorm --norm_penalty=0  '
      '# the scale-invariant readout, no penalty\n'
      '    python train.py --readout=raw                       # no norm before the head\n'),
