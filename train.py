@@ -96,6 +96,9 @@ class Help(argparse.ArgumentDefaultsHelpFormatter):  # each default, but an unse
 class Parser(argparse.ArgumentParser):
     """argparse's, with every error in one line and a nanoGPT habit answered."""
     def error(self, message):
+        if self.prog == 'train.py' and 'invalid choice' in message \
+                and message.startswith(('argument --supervision', 'argument --recurrence')):
+            message += f" (gated, damped: {LAB})"  # the designs' values
         sys.exit(f"{self.prog}: error: {message}")
 
     def parse_args(self, args=None, namespace=None):
