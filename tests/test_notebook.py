@@ -58,9 +58,13 @@ def test_the_readme_and_the_course_handout_link_the_notebook():
             assert 'notebooks/blind_spot.ipynb' in f.read(), f"{doc} does not link the notebook"
 
 
-def test_the_notebook_is_committed_without_outputs():
+def test_the_notebook_is_committed_with_its_outputs():
+    """A reader on the web sees what each cell printed and drew, run in order (1, 2, ...) from the top."""
     with open(NOTEBOOK) as f:
         nb = json.load(f)
-    for cell in nb['cells']:
-        if cell['cell_type'] == 'code':
-            assert cell['outputs'] == [] and cell['execution_count'] is None, "clear the notebook's outputs"
+    code = [cell for cell in nb['cells'] if cell['cell_type'] == 'code']
+    assert [cell['execution_count'] for cell in code] == list(range(1, len(code) + 1)), "rerun it top to bottom"
+    assert all(cell['outputs'] for cell in code), 'a code cell without its output'
+    assert any('image/png' in out.get('data', {}) for cell in code for out in cell['outputs']), 'no figure'
+    printed = ''.join(''.join(out.get('text', '')) for cell in code for out in cell['outputs'])
+    assert re.search(r'^rmsnorm .*mean \|cos\|', printed, re.M), "the invariance check's output is missing"
