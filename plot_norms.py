@@ -308,9 +308,9 @@ def train_one(cmd, out_path):
         with open(out_path, 'a') as out:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, process_group=0)
-            while proc.returncode is None:
-                try:
-                    proc.wait()
+            while proc.poll() is None:
+                try:  # a short sleep, not a blocking wait: a Ctrl-C is handled within 0.1 s
+                    time.sleep(0.1)
                 except KeyboardInterrupt:  # a second one is passed on too: train.py's "abort now"
                     interrupted = True
                     proc.send_signal(signal.SIGINT)
