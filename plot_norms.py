@@ -111,15 +111,21 @@ def condition_name(model):
     return name
 
 
-def read_runs(patterns, folders=()):
-    """Every run in folders, then in the folders the patterns name (quoted globs are expanded here,
-    the same on every shell), each once: [{'folder', 'name', 'config', 'records', 'K'}]."""
+def run_folders(patterns, folders=()):
+    """folders, then the folders the patterns name (quoted globs are expanded here, the same on
+    every shell), each once; LogError for a pattern that matches nothing."""
     folders = list(folders)
     for pattern in patterns:
         matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
         if not matches:
             raise LogError(f"{pattern}: matches no folder")
         folders += [m for m in matches if m not in folders]
+    return folders
+
+
+def read_runs(patterns, folders=()):
+    """Every run of run_folders, each once: [{'folder', 'name', 'config', 'records', 'K'}]."""
+    folders = run_folders(patterns, folders)
     logs = [(folder, *read_log(folder)) for folder in folders]  # every log, before any figure
     return [{'folder': folder, 'name': condition_name(config['model']), 'config': config,
              'records': records, 'K': K} for folder, config, records, K in logs]

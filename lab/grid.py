@@ -23,7 +23,6 @@ paper's grid and the log reader are plot_norms.py's (it stands alone, a handout;
 adds to its read the lab's condition names and the defaults of flags newer than a log.
 """
 
-import glob
 import os
 import signal
 import subprocess
@@ -35,7 +34,7 @@ from dataclasses import fields
 
 from lab.runs import condition_name
 from lab.designs import DesignConfig, flag_values
-from plot_norms import CONDITIONS, DEFAULT_GRID, GRID_FLAGS, GRIDS as PAPER_GRIDS, LogError, read_log
+from plot_norms import CONDITIONS, DEFAULT_GRID, GRID_FLAGS, GRIDS as PAPER_GRIDS, LogError, read_log, run_folders
 from plot_norms import group_runs as group_in_order
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository, where train.py is
@@ -184,13 +183,7 @@ def load_run(folder):
 def load_runs(patterns, folders=()):
     """load_run of every folder, then of every folder the patterns name (quoted globs are expanded here, so they
     work the same on every shell); a folder named twice is read once. LogError for a pattern that matches nothing."""
-    folders = list(folders)
-    for pattern in patterns:
-        matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
-        if not matches:
-            raise LogError(f"{pattern}: matches no folder")
-        folders += [m for m in matches if m not in folders]
-    return [load_run(folder) for folder in folders]
+    return [load_run(folder) for folder in run_folders(patterns, folders)]
 
 
 def group_runs(runs):
