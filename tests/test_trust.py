@@ -21,7 +21,7 @@ import sample
 import train
 from lab import train as lab_train
 from conftest import ROOT, char_prepare
-from data import common
+from data import common, run_folder
 from test_train import TINY, digest, finished_run, run_train  # noqa: F401 (a fixture)
 
 
@@ -116,11 +116,11 @@ def test_the_run_files_are_never_written_through_a_link(small_data, tmp_path, vi
     is replaced, not followed."""
     out = tmp_path / 'run'
     out.mkdir()
-    train.start_log(SimpleNamespace(out_dir=str(out), overwrite=False), None, {'config': {}})
+    run_folder.start_log(str(out), False, None, {'config': {}})
     os.symlink(victim, out / 'ckpt.pt.tmp')
-    train.save_checkpoint(str(out / 'ckpt.pt'), {'model': {}}, step=1)
+    run_folder.save_checkpoint(str(out / 'ckpt.pt'), {'model': {}}, step=1)
     os.symlink(victim, out / 'log.jsonl.tmp')
-    train.write_lines(str(out / 'log.jsonl'), [{}])
+    run_folder.write_lines(str(out / 'log.jsonl'), [{}])
     assert victim.read_text() == 'precious\n' and not os.path.islink(out / 'ckpt.pt')
 
 
@@ -305,7 +305,7 @@ def test_a_real_full_disk_names_its_cause(tmp_path, monkeypatch):
     (tmp_path / 'run').mkdir()
     monkeypatch.setattr(common, 'open_new', full)
     with pytest.raises(ValueError, match=r'\(No space left on device\); no checkpoint was saved before'):
-        train.save_checkpoint(str(tmp_path / 'run' / 'ckpt.pt'), {'model': {'w': torch.zeros(100_000)}}, 1)
+        run_folder.save_checkpoint(str(tmp_path / 'run' / 'ckpt.pt'), {'model': {'w': torch.zeros(100_000)}}, 1)
     with pytest.raises(common.PrepareError, match=r'\(No space left on device\); nothing there was changed'):
         char_prepare.prepare('abcdefgh' * 20, str(tmp_path / 'data'))
     assert os.listdir(tmp_path / 'data') == []
