@@ -30,10 +30,10 @@ import os
 
 import numpy as np
 
-from lab.cost import check_line, comparison_row, family_table, mean_sd, paired
+from lab.cost import comparison_row, family_table, mean_sd, paired
 from lab.grid import COST_FLAGS, ROOT, LogError, load_runs, run_grid
-from lab.report import (check_destination, fail, grid_folder_flags, markdown, pyplot, run_main, runs_flags, save_figure,
-                        split_flags, tool_parser, write_text)
+from lab.report import (check_destination, fail, grid_parser, markdown, parse_part, pyplot, run_main, save_figure,
+                        split_flags, write_outputs)
 from lab.stats import fmt_number, paired_test
 
 PROG = 'python -m lab.converge'
@@ -549,25 +549,11 @@ def rates_figure(cells, path):
 # ---- the command
 
 def get_parser():
-    p = tool_parser(PROG, __doc__)
-    runs_flags(p, 'the convergence runs', 'laptop', os.path.join('out', 'converge'), '--device=cpu')
-    p.add_argument('--part', default='1/1', help="--run: 'i/n' trains jobs i, i + n, ... of the list only, so n "
-                                                 'workers (one thread each) share the runs')
+    p = grid_parser(PROG, __doc__, 'the convergence runs', 'converge', part=True)
     p.add_argument('--cost_runs', default=os.path.join(ROOT, 'figures', 'cost', 'runs'),
                    help="the cost grid's committed runs, whose 4-layer 1e-3 rmsnorm and raw runs the controls "
                         "pair with ('' for none)")
-    grid_folder_flags(p, os.path.join('figures', 'converge', 'runs'), os.path.join('out', 'converge_figures'))
     return p
-
-
-def parse_part(p, text):
-    try:
-        i, n = map(int, text.split('/'))
-    except ValueError:
-        p.error(f"--part={text}: give i/n, e.g. 1/2")
-    if not 1 <= i <= n:
-        p.error(f"--part={text}: i must be between 1 and n")
-    return i, n
 
 
 def known_runs(out_root, config, committed):
@@ -612,11 +598,8 @@ def main(argv=None):
     except LogError as e:
         fail(PROG, e)
     cells, _ = by_cell(runs)
-    text = tables(runs)
-    write_text(os.path.join(args.fig_dir, 'table.md'), text)
-    course_figure(cells, os.path.join(args.fig_dir, 'fig_course.png'))
-    rates_figure(cells, os.path.join(args.fig_dir, 'fig_rates.png'))
-    print(text + f"wrote {os.path.join(args.fig_dir, 'table.md')}, fig_course.png and fig_rates.png")
+    write_outputs(args.fig_dir, tables(runs), {'fig_course.png': lambda path: course_figure(cells, path),
+                                                'fig_rates.png': lambda path: rates_figure(cells, path)})
 
 
 if __name__ == '__main__':

@@ -24,8 +24,8 @@ import os
 import numpy as np
 
 from lab.grid import COST, COST_SEEDS, LogError, load_runs, run_grid
-from lab.report import (at_least, check_destination, fail, grid_folder_flags, markdown, pyplot, run_main, runs_flags, save_figure,
-                        split_flags, tool_parser, write_text)
+from lab.report import (at_least, check_destination, fail, grid_parser, markdown, pyplot, run_main, save_figure,
+                        split_flags, write_outputs, write_text)
 from lab.stats import family_verdicts, fmt_number, paired_test
 
 PROG = 'python -m lab.cost'
@@ -437,11 +437,9 @@ def figure(runs, path):
 
 
 def get_parser():
-    p = tool_parser(PROG, __doc__)
-    runs_flags(p, 'the cost grid', 'laptop', os.path.join('out', 'cost'), '--device=cpu')
+    p = grid_parser(PROG, __doc__, 'the cost grid', 'cost')
     p.add_argument('--seeds', type=int, default=5,
                    help='--run: seeds 1..N of each cell, each cell capped at its own count (3, or 5)')
-    grid_folder_flags(p, os.path.join('figures', 'cost', 'runs'), os.path.join('out', 'cost_figures'))
     return p
 
 
@@ -461,10 +459,7 @@ def main(argv=None):
         runs = load_runs(args.runs, folders)
     except LogError as e:
         fail(PROG, e)
-    text = tables(runs)
-    write_text(os.path.join(args.fig_dir, 'table.md'), text)
-    figure(runs, os.path.join(args.fig_dir, 'fig_cost.png'))
-    print(text + f"wrote {os.path.join(args.fig_dir, 'table.md')} and fig_cost.png")
+    write_outputs(args.fig_dir, tables(runs), {'fig_cost.png': lambda path: figure(runs, path)})
 
 
 if __name__ == '__main__':

@@ -28,11 +28,11 @@ import os
 import numpy as np
 
 from lab import converge
-from lab.converge import RECIPE, STEPS, at_k, by_cell, cell, last, parse_part
+from lab.converge import RECIPE, STEPS, at_k, by_cell, cell, last
 from lab.cost import comparison_row, family_table, mean_sd, paired
 from lab.grid import ROOT, LogError, load_runs, run_grid
-from lab.report import (check_destination, fail, grid_folder_flags, markdown, pyplot, run_main, runs_flags,
-                        save_figure, split_flags, tool_parser, write_text)
+from lab.report import (check_destination, fail, grid_parser, markdown, parse_part, pyplot, run_main,
+                        save_figure, split_flags, write_outputs)
 from lab.stats import fmt_number, paired_test
 
 PROG = 'python -m lab.interaction'
@@ -379,12 +379,7 @@ def figure(cells, path):
 # ---- the command
 
 def get_parser():
-    p = tool_parser(PROG, __doc__)
-    runs_flags(p, 'the interaction runs', 'laptop', os.path.join('out', 'interaction'), '--device=cpu')
-    p.add_argument('--part', default='1/1', help="--run: 'i/n' trains jobs i, i + n, ... of the list only, so n "
-                                                 'workers (one thread each) share the runs')
-    grid_folder_flags(p, os.path.join('figures', 'interaction', 'runs'), os.path.join('out', 'interaction_figures'))
-    return p
+    return grid_parser(PROG, __doc__, 'the interaction runs', 'interaction', part=True)
 
 
 def default_folders():
@@ -417,10 +412,8 @@ def main(argv=None):
         runs = read_runs(args.runs, trained)
     except LogError as e:
         fail(PROG, e)
-    text = tables(runs)
-    write_text(os.path.join(args.fig_dir, 'table.md'), text)
-    figure(by_cell(runs)[0], os.path.join(args.fig_dir, 'fig_interaction.png'))
-    print(text + f"wrote {os.path.join(args.fig_dir, 'table.md')} and fig_interaction.png")
+    write_outputs(args.fig_dir, tables(runs),
+                  {'fig_interaction.png': lambda path: figure(by_cell(runs)[0], path)})
 
 
 if __name__ == '__main__':

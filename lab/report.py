@@ -112,6 +112,40 @@ def grid_folder_flags(p, committed, fig_dir):
                         'named here)')
 
 
+def grid_parser(prog, doc, what, name, part=False):
+    """The parser of a grid tool (name: cost, converge, interaction): the run folders it reads, or with --run
+    trains first (what: those runs, for the help) under out/<name>; with part, --part for several workers; its
+    logs committed in figures/<name>/runs; its table and figures written to out/<name>_figures."""
+    p = tool_parser(prog, doc)
+    runs_flags(p, what, 'laptop', os.path.join('out', name), '--device=cpu')
+    if part:
+        p.add_argument('--part', default='1/1', help="--run: 'i/n' trains jobs i, i + n, ... of the list only, so "
+                                                     'n workers (one thread each) share the runs')
+    grid_folder_flags(p, os.path.join('figures', name, 'runs'), os.path.join('out', name + '_figures'))
+    return p
+
+
+def parse_part(p, text):
+    """--part's 'i/n' as (i, n); parser p's one-line error for anything else."""
+    try:
+        i, n = map(int, text.split('/'))
+    except ValueError:
+        p.error(f"--part={text}: give i/n, e.g. 1/2")
+    if not 1 <= i <= n:
+        p.error(f"--part={text}: i must be between 1 and n")
+    return i, n
+
+
+def write_outputs(fig_dir, text, figures):
+    """A grid tool's outputs: table.md holding text, then each figure (a dict of file name -> draw(path)), and
+    the table printed with what was written."""
+    write_text(os.path.join(fig_dir, 'table.md'), text)
+    for name, draw in figures.items():
+        draw(os.path.join(fig_dir, name))
+    written = [os.path.join(fig_dir, 'table.md'), *figures]
+    print(text + f"wrote {', '.join(written[:-1])} and {written[-1]}")
+
+
 def at_least(p, flag, value, least, why=''):
     """Parser p's one-line error when a flag's value is below the least it can be (None: not given, so nothing
     to check), with the reason in brackets where it is not obvious."""

@@ -59,7 +59,7 @@ def test_the_name_count_counts_module_attributes():
 
 
 def test_train_py_and_looped_py_stay_short_enough_to_read():
-    for name, most in (('train.py', 870), ('looped.py', 400)):
+    for name, most in (('train.py', 780), ('looped.py', 400)):
         with open(os.path.join(ROOT, name)) as f:
             lines = f.read().splitlines()
         assert len(lines) <= most, f"{name}: {len(lines)} lines"
