@@ -13,16 +13,12 @@ import io
 import os
 import shlex
 import sys
-import time
 
 import numpy as np
 import torch
 
 from data.common import check_writable, write_atomically
-from lab import runs
-from lab.engine import angle_deg
 from lab.configs import CONFIGS
-from lab.runtime import fmt_mfu, peak_flops
 
 
 def markdown(header, rows):

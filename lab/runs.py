@@ -13,7 +13,6 @@ from lab.configs import LABELS, NAMED, TAGS, variant_fields
 from lab.designs import DesignConfig, DesignedGPT
 from looped import LoopedConfig, LoopedGPT
 from data.run_folder import load_checkpoint  # noqa: F401  (the lab's tools read it here)
-from train import fmt_time  # noqa: F401
 
 def load_model(path, device='cpu'):
     """(model in eval mode on device, checkpoint dict) from a ckpt.pt or a run folder that holds one,
