@@ -8,32 +8,29 @@ The paper's figures from training logs (each run folder's log.jsonl, written by 
     python plot_norms.py --run --config=gpu_char --seeds=3  # on a GPU; rerun to go on after Ctrl-C
 
 Writes to --fig_dir, each a PNG and an SVG: fig1_norm_explosion (||h_K|| against step),
-fig2_norm_by_loop (||h_k|| against loop k, to 2K), fig3_loss_by_depth (loss at exit depths 1..K
-and 2K), fig5_alpha (the alpha readout's exponent). Seeds of a condition are averaged (band: +- 1
-sample SD); every run is read at its own K. python -m lab.paper adds the paired tables over seeds,
-the crossover figure and the timed early-exit benchmark.
+fig2_norm_by_loop (||h_k|| against loop k, to 2K), fig3_loss_by_depth (loss at exit depths 1..K and
+2K), fig5_alpha (the alpha readout's exponent). Seeds of a condition are averaged (band: +- 1 sample
+SD), each run read at its own K. python -m lab.paper adds the paired tables over seeds, the
+crossover figure and the timed early-exit benchmark.
 """
 
 import argparse
-import glob
 import json
 import os
 import shlex
-import signal
-import subprocess
 import sys
-import time
 
 import matplotlib
 import numpy as np
 
 from data.common import check_writable, write_atomically
+from data.run_folder import LogError, read_log, run_folders, train_runs
 
 matplotlib.use('Agg')  # files only, no display needed
 import matplotlib.pyplot as plt  # noqa: E402 (after the backend is chosen)
 
 PROG = 'plot_norms.py'
-ROOT = os.path.dirname(os.path.abspath(__file__))  # where train.py is
+TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'train.py')  # run by --run
 # The paper's grid plus the two variants its abstract names: {condition: train.py flags}.
 SUP, RMS, PEN = '--supervision=', '--readout=rmsnorm', '--norm_penalty=0.01'
 CONDITIONS = {
@@ -48,54 +45,13 @@ CONDITIONS = {
     'per_loop + rmsnorm + normed': [SUP + 'per_loop', RMS, '--recurrence=normed'],
     'per_loop + alpha': [SUP + 'per_loop', '--readout=alpha'],
 }
-# Claim 4 (scale control wins at matched depth once training is long) compares per-loop runs.
-CLAIM4 = ['per_loop + rmsnorm', 'per_loop + raw', 'per_loop + rmsnorm + penalty',
-          'per_loop + final_norm', 'per_loop + rmsnorm + normed', 'per_loop + alpha']
-GRIDS = {'paper': CONDITIONS, 'claim4': {n: CONDITIONS[n] for n in CLAIM4},
-         'readouts': {n: CONDITIONS[n] for n in ('per_loop + rmsnorm', 'per_loop + raw')}}
-# a configuration's grid unless --grid names one (laptop_deep: do the two readouts swap places in
-# a deeper stack?); any other configuration: the paper's ten
-DEFAULT_GRID = {'laptop_long': 'claim4', 'laptop_deep': 'readouts'}
 # grid runs are shorter than single runs: on 'laptop' all ten take about 15 minutes on 2 CPU cores
 GRID_FLAGS = {'laptop': ['--max_iters=200', '--eval_interval=40', '--eval_iters=4'],
               'gpu_char': ['--max_iters=1000', '--eval_interval=100']}
-# Okabe-Ito colours (colour-blind safe; its yellow swapped for a darker wine, which reads on white)
-# with line styles and markers, so the figures also read in grey.
-STYLES = [('#000000', '-', 'o'), ('#E69F00', '--', 's'), ('#56B4E9', '-.', '^'),
-          ('#009E73', ':', 'D'), ('#882255', '-', 'v'), ('#0072B2', '--', 'P'),
-          ('#D55E00', '-.', 'X'), ('#CC79A7', ':', '*'), ('#999999', '-', 'h'),
-          ('#44AA99', '--', 'p')]
-
-
-class LogError(ValueError):
-    """A run folder that cannot be read; the message names the folder."""
-
-
-def read_log(folder):
-    """(header config, evaluation records, K) of folder/log.jsonl, else LogError in one line: a bad
-    folder stops the command before anything is drawn."""
-    path = os.path.join(folder, 'log.jsonl')
-    if not os.path.isfile(path):
-        raise LogError(f"{folder}: no log.jsonl (not a train.py run folder?)")
-    try:
-        with open(path) as f:
-            text = f.read()
-        # a run still training may be halfway through a line: read up to its last whole one
-        lines = [json.loads(s) for s in text[:text.rfind('\n') + 1].splitlines() if s.strip()]
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise LogError(f"{folder}: log.jsonl is not valid JSON lines ({e})") from None
-    if not lines:
-        raise LogError(f"{folder}: log.jsonl is empty")
-    config, records = lines[0].get('config', {}), lines[1:]
-    K = config.get('model', {}).get('n_loop')
-    need = {'step', 'train_loss', 'val_loss', 'hidden_norm', 'elapsed_s'}
-    if K is None or not all(need <= set(r) and len(r['val_loss']) == len(r['hidden_norm']) == 2 * K
-                            for r in records):  # every record holds depths 1..2K
-        raise LogError(f"{folder}: log.jsonl is in an older or unknown format; "
-                       "rerun it with this train.py")
-    if not records:
-        raise LogError(f"{folder}: log.jsonl has no evaluation yet")
-    return config, records, K
+# Okabe-Ito colours (colour-blind safe; yellow swapped for wine), with line styles and markers
+COLORS = ['#000000', '#E69F00', '#56B4E9', '#009E73', '#882255', '#0072B2', '#D55E00', '#CC79A7',
+          '#999999', '#44AA99']
+STYLES = [(c, ['-', '--', '-.', ':'][i % 4], 'os^DvPX*hp'[i]) for i, c in enumerate(COLORS)]
 
 
 def condition_name(model):
@@ -111,30 +67,9 @@ def condition_name(model):
     return name
 
 
-def run_folders(patterns, folders=()):
-    """folders, then the folders the patterns name (quoted globs are expanded here, the same on
-    every shell), each once; LogError for a pattern that matches nothing."""
-    folders = list(folders)
-    for pattern in patterns:
-        matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
-        if not matches:
-            raise LogError(f"{pattern}: matches no folder")
-        folders += [m for m in matches if m not in folders]
-    return folders
-
-
-def read_runs(patterns, folders=()):
-    """Every run of run_folders, each once: [{'folder', 'name', 'config', 'records', 'K'}]."""
-    folders = run_folders(patterns, folders)
-    logs = [(folder, *read_log(folder)) for folder in folders]  # every log, before any figure
-    return [{'folder': folder, 'name': condition_name(config['model']), 'config': config,
-             'records': records, 'K': K} for folder, config, records, K in logs]
-
-
 def group_runs(runs, order=CONDITIONS):
-    """{condition: its runs}, in the order of `order`, then by name: runs whose configs differ only
-    in seed, folder or length are seeds of one condition. A name two settings share (a width, a
-    rate, a field looped.py does not have) gets the second one's folder in brackets."""
+    """{condition: its runs}, in the order of `order`: runs whose configs differ only in seed,
+    folder or length are seeds of one condition (a name two settings share: [folder] added)."""
     skip = ('seed', 'out_dir', 'resume', 'overwrite', 'max_iters')
     by_setting = {}
     for run in runs:
@@ -151,8 +86,7 @@ def group_runs(runs, order=CONDITIONS):
 
 
 def caught_up(groups):
-    """Each condition's runs that reached its furthest evaluation, and the runs behind (still
-    training, or stopped early): a mean over seeds at different steps mixes training lengths."""
+    """Each condition's runs at its furthest evaluation, and the runs behind (not averaged in)."""
     kept, behind = {}, []
     for name, runs in groups.items():
         last = max(run['records'][-1]['step'] for run in runs)
@@ -162,18 +96,11 @@ def caught_up(groups):
 
 
 def series(runs, key, index=None):
-    """steps and a (seeds, evals) array of r[key] (or r[key][index]), over the evaluations all seeds
-    have: a seed with fewer must not make the array ragged."""
+    """steps and a (seeds, evals) array of r[key] or r[key][index], to the last step all share."""
     n = min(len(run['records']) for run in runs)
     steps = [r['step'] for r in runs[0]['records'][:n]]
     pick = (lambda r: r[key]) if index is None else (lambda r: r[key][index])
     return steps, np.array([[pick(r) for r in run['records'][:n]] for run in runs])
-
-
-def mean_std(values):
-    """Mean and sample SD (ddof 1; 0 for one seed) over seeds: the lines and their bands."""
-    values = np.asarray(values, dtype=float)
-    return values.mean(0), values.std(0, ddof=1) if len(values) > 1 else np.zeros_like(values[0])
 
 
 def exit_depths(K):
@@ -182,13 +109,12 @@ def exit_depths(K):
 
 
 def styles(n):
-    """n (colour, line, marker) styles: STYLES, repeated past its ten (a grid can hold more)."""
+    """n (colour, line, marker) styles: STYLES, repeated past its ten."""
     return [STYLES[i % len(STYLES)] for i in range(n)]
 
 
 def describe(runs):
-    """'0.55M-parameter looped LM (2 layers x K=4, d=128) on shakespeare_char' (K=2/3 when the
-    runs differ in depth): what every figure shows, for its title."""
+    """'0.55M-parameter looped LM (2 layers x K=4, d=128) on shakespeare_char' (K=2/3 if mixed)."""
     c, m = runs[0]['config'], runs[0]['config']['model']
     size = f"{c['num_params'] / 1e6:.2f}M-parameter " if c.get('num_params') else ''
     Ks = '/'.join(map(str, sorted({run['K'] for run in runs})))
@@ -204,13 +130,10 @@ def title(groups):
     return text + ('\n(mean over seeds; band: +- 1 sample SD)' if seeds != [1] else '')
 
 
-def save_figure(fig, path, ax=None):
-    """A PNG and an SVG copy, each through a temporary file renamed over its destination (a planted
-    link is replaced, never followed); no date and fixed SVG ids, so the same logs give the same
-    bytes. ax: a grid and a legend outside the axes first (the lines need the room)."""
-    if ax is not None:
-        ax.grid(True, which='both', alpha=0.3)
-        ax.legend(fontsize=8, loc='upper left', bbox_to_anchor=(1.01, 1))
+def save_figure(fig, path, ax):
+    """A PNG and an SVG, each written atomically, with no date and fixed SVG ids (same bytes)."""
+    ax.grid(True, which='both', alpha=0.3)
+    ax.legend(fontsize=8, loc='upper left', bbox_to_anchor=(1.01, 1))  # outside: lines need room
     fig.tight_layout()
     write_atomically(path, lambda f: fig.savefig(f, format='png', dpi=130))
     with plt.rc_context({'svg.hashsalt': 'looped'}):
@@ -221,12 +144,12 @@ def save_figure(fig, path, ax=None):
 
 
 def line_with_band(ax, steps, values, style, name, ms=4, floor=None):
-    """The mean over seeds (values: (seeds, evals)) against step, with a +- 1 SD band for more than
-    one seed; floor keeps the band above 0 on a log scale."""
+    """The mean of values (seeds, evals) against step, a +- 1 SD band above floor (log scales)."""
     color, ls, marker = style
-    mean, std = mean_std(values)
+    mean = values.mean(0)
     ax.plot(steps, mean, color=color, ls=ls, marker=marker, ms=ms, label=name)
     if len(values) > 1:
+        std = values.std(0, ddof=1)
         low = mean - std if floor is None else np.maximum(mean - std, floor)
         ax.fill_between(steps, low, mean + std, color=color, alpha=0.15)
 
@@ -235,14 +158,14 @@ def final_curves(ax, groups, key, depths_of):
     """A line per condition through the last evaluation's r[key] at depths depths_of(its K)."""
     for (name, runs), (color, ls, marker) in zip(groups.items(), styles(len(groups))):
         depths = depths_of(runs[0]['K'])
-        mean, std = mean_std([[run['records'][-1][key][d - 1] for d in depths] for run in runs])
-        yerr = std if len(runs) > 1 else None
-        ax.errorbar(depths, mean, yerr=yerr, color=color, ls=ls, marker=marker, ms=5, label=name)
+        values = np.array([[run['records'][-1][key][d - 1] for d in depths] for run in runs])
+        yerr = values.std(0, ddof=1) if len(runs) > 1 else None
+        ax.errorbar(depths, values.mean(0), yerr=yerr, color=color, ls=ls, marker=marker, ms=5,
+                    label=name)
 
 
 def plot(groups, fig_dir):
-    """The paper's figures 1, 2, 3 and (with an alpha readout) 5 in fig_dir; returns their paths.
-    Every run is read at its own K: its last loop k = K, its depths 1..K and 2K."""
+    """Figures 1, 2, 3 and (with an alpha readout) 5 in fig_dir, each run read at its own K."""
     head, path = title(groups), lambda name: os.path.join(fig_dir, name)
     # fig1: the final-loop norm ||h_K|| against training step (the paper's figure 1)
     fig, ax = plt.subplots(figsize=(10, 5))
@@ -263,8 +186,7 @@ def plot(groups, fig_dir):
            ylabel=r'$\|h_k\|$ at the end of training',
            title=f"Norm by loop at the end of training\n{head}")
     paths.append(save_figure(fig, path('fig2_norm_by_loop.png'), ax))
-    # fig3: validation loss against exit depth 1..K and 2K at the end of training; untrained exits
-    # (early loops under terminal supervision) can be tens of nats: the frame leaves them out
+    # fig3: loss against exit depth 1..K and 2K; untrained exits (tens of nats) are off the frame
     fig, ax = plt.subplots(figsize=(10, 5))
     final_curves(ax, groups, 'val_loss', exit_depths)
     at_K = [np.mean([run['records'][-1]['val_loss'][run['K'] - 1] for run in runs])
@@ -291,77 +213,16 @@ def plot(groups, fig_dir):
     return paths
 
 
-def finished(folder, cmd):
-    """Whether folder's run reached the step cmd asks for (its last --max_iters, as train.py reads
-    it), else its own max_iters: asking for more steps resumes a finished run."""
-    wanted = [int(a.split('=')[1]) for a in cmd if a.startswith('--max_iters=')]
-    try:
-        config, records, _ = read_log(folder)
-    except LogError:  # no log yet
-        return False
-    goal = wanted[-1] if wanted else config.get('max_iters')
-    return goal is not None and records[-1]['step'] >= goal
-
-
-def train_one(cmd, out_path):
-    """Run one train.py, its output appended to out_path: (exit code, Ctrl-C came, its last line).
-    In a process group of its own, a terminal's Ctrl-C reaches only us; we pass it (or SIGTERM) on
-    once, train.py saves and exits, and we wait for the save. Output to a file, not a pipe: reading
-    a busy pipe runs no signal handler until the child ends."""
-    start, interrupted = os.path.getsize(out_path) if os.path.exists(out_path) else 0, False
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM: as Ctrl-C
-    try:
-        with open(out_path, 'a') as out:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=subprocess.STDOUT, process_group=0)
-            while proc.poll() is None:
-                try:  # a short sleep, not a blocking wait: a Ctrl-C is handled within 0.1 s
-                    time.sleep(0.1)
-                except KeyboardInterrupt:  # a second one is passed on too: train.py's "abort now"
-                    interrupted = True
-                    proc.send_signal(signal.SIGINT)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    with open(out_path) as f:
-        lines = f.read()[start:].strip().splitlines() or ['no output']
-    # train.py's advice (--resume) is for one run; the grid goes on by its own command
-    return proc.returncode, interrupted, lines[-1].split('; continue with')[0]
-
-
-def run_grid(config, conditions, seeds, out_root, extra):
-    """Train each condition {name: flags} for each seed, seed by seed (a grid stopped early holds
-    whole pairs), in out_root/config/<condition>-seed<s>; a finished run (its log at max_iters) is
-    reused, an interrupted one resumed, so rerunning the command goes on. Returns the folders."""
-    jobs = [(name, seed) for seed in seeds for name in conditions]
-    folders, trained, train_s, t0 = [], 0, 0.0, time.time()
-    for i, (name, seed) in enumerate(jobs):
-        folder = os.path.join(out_root, config, name.replace(' + ', '-') + f"-seed{seed}")
-        folders.append(folder)
-        cmd = [sys.executable, os.path.join(ROOT, 'train.py'), f'--config={config}',
-               *GRID_FLAGS.get(config, []), *conditions[name], f'--seed={seed}',
-               f'--out_dir={folder}', *extra]
-        if finished(folder, cmd):
-            print(f"[{i + 1}/{len(jobs)}] {folder}: finished earlier, reused")
-            continue
-        resume = os.path.exists(os.path.join(folder, 'ckpt.pt'))
-        if resume or os.path.exists(os.path.join(folder, 'log.jsonl')):  # a log, no checkpoint:
-            cmd.append('--resume' if resume else '--overwrite')  # stopped before its first save
-        # the ETA from runs trained here (a reused one took no time and would make it 0)
-        eta = f", ETA {train_s / trained * (len(jobs) - i) / 60:.0f} min" if trained else ''
-        print(f"[{i + 1}/{len(jobs)}] {folder}: training ({'resumed' if resume else 'new'}{eta})",
-              flush=True)
-        os.makedirs(folder, exist_ok=True)
-        started = time.time()
-        code, interrupted, last = train_one(cmd, os.path.join(folder, 'train.out'))
-        trained, train_s = trained + 1, train_s + time.time() - started
-        if interrupted:
-            print(f"{PROG}: interrupted during {name} (seed {seed}): {last}; rerun the same "
-                  "command to continue the grid", file=sys.stderr)
-            sys.exit(130)
-        if code != 0:
-            sys.exit(f"{PROG}: error: the run for {name} (seed {seed}) failed: {last}")
-    print(f"grid done in {(time.time() - t0) / 60:.1f} min")
-    return folders
+def grid_jobs(config, conditions, seeds, out_root, extra):
+    """(label, folder, train.py command) of each run, seed by seed: a stopped grid holds pairs."""
+    jobs = []
+    for seed in seeds:
+        for name, flags in conditions.items():
+            folder = os.path.join(out_root, config, name.replace(' + ', '-') + f"-seed{seed}")
+            cmd = [sys.executable, TRAIN, f'--config={config}', *GRID_FLAGS.get(config, []),
+                   *flags, f'--seed={seed}', f'--out_dir={folder}', *extra]
+            jobs.append((f"{name} (seed {seed})", folder, cmd))
+    return jobs
 
 
 class Parser(argparse.ArgumentParser):
@@ -379,9 +240,7 @@ def get_parser():
     p.add_argument('--out_root', default=os.path.join('out', 'grid'), help='where the runs go')
     p.add_argument('--train_args', default='', help="extra train.py flags, e.g. '--max_iters=100'")
     p.add_argument('--seeds', type=int, default=1, help='--run: seeds 1..N of each condition')
-    p.add_argument('--grid', default=None, choices=list(GRIDS), help="--run: the conditions "
-                   "(default: claim4 for laptop_long, readouts for laptop_deep, else paper)")
-    p.add_argument('--conditions', default=None, help='--run: only these of the grid, by folder '
+    p.add_argument('--conditions', default=None, help='--run: only these of the ten, by folder '
                    'name, comma-separated (per_loop-rmsnorm,per_loop-raw)')
     p.add_argument('--fig_dir', default=None, help='where the figures go (default: out/figures, '
                    'with --run out/figures/<config>)')
@@ -389,7 +248,7 @@ def get_parser():
 
 
 def check_flags(p, args):
-    """Every flag error, before any training: (the conditions to train, extra flags, fig_dir)."""
+    """Every flag error, before any training: (the runs to train, fig_dir)."""
     if args.seeds < 1:
         p.error(f"--seeds={args.seeds} must be at least 1")
     if not args.run and not args.runs:
@@ -403,27 +262,29 @@ def check_flags(p, args):
         check_writable(os.path.join(fig_dir, 'fig1_norm_explosion.png'))
     except ValueError as e:
         p.error(f"--fig_dir: {e}")
-    grid = GRIDS[args.grid or DEFAULT_GRID.get(args.config, 'paper')]
-    by_slug = {name.replace(' + ', '-'): name for name in grid}
+    by_slug = {name.replace(' + ', '-'): name for name in CONDITIONS}
     chosen = by_slug if args.conditions is None else args.conditions.split(',')
     unknown = [c for c in chosen if c not in by_slug]
     if unknown:
         p.error(f"--conditions: {', '.join(unknown)} not in the grid; "
                 f"choose from {', '.join(by_slug)}")
-    return {by_slug[c]: grid[by_slug[c]] for c in chosen}, extra, fig_dir
+    conditions = {by_slug[c]: CONDITIONS[by_slug[c]] for c in chosen}
+    jobs = grid_jobs(args.config, conditions, range(1, args.seeds + 1), args.out_root, extra)
+    return jobs if args.run else [], fig_dir
 
 
 def main(argv=None):
     """Check the flags, train the grid if asked, read every log, then draw."""
     p = get_parser()
     args = p.parse_args(argv)
-    conditions, extra, fig_dir = check_flags(p, args)
-    seeds = range(1, args.seeds + 1)
-    folders = run_grid(args.config, conditions, seeds, args.out_root, extra) if args.run else []
-    try:
-        runs = read_runs(args.runs, folders)
+    jobs, fig_dir = check_flags(p, args)
+    folders = train_runs(jobs, PROG) if args.run else []  # the grid first, one folder per run
+    try:  # every log before any figure: one bad folder stops the command in one line
+        logs = [(folder, *read_log(folder)) for folder in run_folders(args.runs, folders)]
     except LogError as e:
         sys.exit(f"{PROG}: error: {e}")
+    runs = [{'folder': folder, 'name': condition_name(config['model']), 'config': config,
+             'records': records, 'K': K} for folder, config, records, K in logs]
     groups, behind = caught_up(group_runs(runs))
     if behind:
         print("left out, behind the other seeds of their condition: " + '; '.join(

@@ -5,8 +5,8 @@ Grids of conditions: what each condition is, training every one for every seed, 
     python -m lab.paper --run --config=laptop_long --seeds=8 --conditions=per_loop-rmsnorm,per_loop-alpha
     python -m lab.atlas                                           # the field's designs (grid 'atlas'), then its table
 
-What is here: the named grids (GRIDS: plot_norms.py's 'paper', the paper's ten conditions, CONDITIONS, 'claim4' and
-'readouts', with the lab's;
+What is here: the named grids (GRIDS: 'paper', plot_norms.py's ten conditions, CONDITIONS; 'claim4' and
+'readouts', parts of it;
 'atlas', every design of DESIGNS under rmsnorm and raw, each with its prediction written before its runs; 'gate',
 the learned exit gate beside per-loop supervision), each a fixed list of {condition name: train.py flags}, so that
 declaring a design in looped.py changes none of them; the grid each configuration runs by default; one folder per
@@ -19,8 +19,8 @@ way; it is reused by a grid only from the grid's own folder, with the grid's fla
 
 Not here: the flags (lab/paper.py and lab/atlas.py parse --run, --seeds, --conditions, --train_args and pass them
 on), the figures and tables (plot_norms.py, lab/paper.py, lab/atlas.py), the paired statistics (lab/stats.py). The
-paper's grid and the log reader are plot_norms.py's (it stands alone, a handout; the lab builds on it): load_run
-adds to its read the lab's condition names and the defaults of flags newer than a log.
+paper's grid is plot_norms.py's and the log reader data/run_folder.py's (the handout stands alone; the lab builds on
+it): load_run adds to its read the lab's condition names and the defaults of flags newer than a log.
 """
 
 import os
@@ -34,7 +34,8 @@ from dataclasses import fields
 
 from lab.runs import condition_name
 from lab.designs import DesignConfig, flag_values
-from plot_norms import CONDITIONS, DEFAULT_GRID, GRID_FLAGS, GRIDS as PAPER_GRIDS, LogError, read_log, run_folders
+from data.run_folder import LogError, read_log, run_folders
+from plot_norms import CONDITIONS, GRID_FLAGS
 from plot_norms import group_runs as group_in_order
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository, where train.py is
@@ -158,10 +159,16 @@ def cost_grid():
 
 
 COST, COST_SEEDS = cost_grid()
+# Claim 4 (scale control wins at matched depth once training is long) compares per-loop runs of the paper's grid
+CLAIM4 = ['per_loop + rmsnorm', 'per_loop + raw', 'per_loop + rmsnorm + penalty', 'per_loop + final_norm',
+          'per_loop + rmsnorm + normed', 'per_loop + alpha']
 # The named grids (python -m lab.paper --grid): each a fixed list of conditions, so adding a design changes none of them
-# (plot_norms.py's paper, claim4 and readouts, the lab's atlas and gate; DEFAULT_GRID and GRID_FLAGS: plot_norms.py's)
-GRIDS = {'paper': PAPER_GRIDS['paper'], 'claim4': PAPER_GRIDS['claim4'], 'atlas': ATLAS,
-         'readouts': PAPER_GRIDS['readouts'], 'gate': GATE}
+# (the paper's ten are plot_norms.py's CONDITIONS, as are GRID_FLAGS)
+GRIDS = {'paper': CONDITIONS, 'claim4': {n: CONDITIONS[n] for n in CLAIM4}, 'atlas': ATLAS,
+         'readouts': {n: CONDITIONS[n] for n in ('per_loop + rmsnorm', 'per_loop + raw')}, 'gate': GATE}
+# a configuration's grid unless --grid names one (laptop_deep: do the two readouts swap places in a deeper stack?);
+# any other configuration: the paper's ten
+DEFAULT_GRID = {'laptop_long': 'claim4', 'laptop_deep': 'readouts'}
 
 
 # train.py's flags that are not model fields and came after the first logs, with their defaults (see load_run)
@@ -169,8 +176,8 @@ NEWER_FLAGS = {'warmup_iters': 0, 'decay_lr': False, 'lr_decay_iters': None, 'mi
 
 
 def load_run(folder):
-    """{'name', 'config', 'records', ...} from folder/log.jsonl, read by plot_norms.read_log (LogError with a one-line
-    reason otherwise), under the lab's condition name, with the defaults of every flag the log predates."""
+    """{'name', 'config', 'records', ...} from folder/log.jsonl, read by data.run_folder.read_log (a one-line
+    LogError otherwise), under the lab's condition name, with the defaults of every flag the log predates."""
     head, records, K = read_log(folder)
     # flags added since a log was written are at their defaults there, so an older run still pairs with a newer one
     model_defaults = {f.name: f.default for f in fields(DesignConfig) if f.name != 'vocab_size'}

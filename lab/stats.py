@@ -1,5 +1,5 @@
 """
-Paired statistics for plot_norms.py: which runs are pairs, and what their seed-by-seed differences show.
+Paired statistics for python -m lab.paper: which runs are pairs, and what their seed-by-seed differences show.
 
 Runs of one seed share their initialization and batches, so a condition is compared with the reference seed by
 seed (the seed in each log header, the same settings otherwise, all pairs at one step), and the spread of those
@@ -9,7 +9,7 @@ difference gets its standard error and a 95% t interval with n-1 degrees of free
 
 Here too: the paired table's rows and paired.csv's (paired_rows), since every cell is one of these numbers or
 words. Not here: reading logs (grid.load_run builds the runs these functions take), writing the files and
-drawing the gaps (plot_norms.paired_table, plot_norms.plot_crossover). Only numpy and looped.py's config (which fields make a condition): no scipy.
+drawing the gaps (lab/paper.py: table, plot_crossover). Only numpy and looped.py's config (which fields make a condition): no scipy.
 """
 
 import json

@@ -108,7 +108,7 @@ def test_a_pattern_that_matches_no_folder_is_a_one_line_error(two_runs, tmp_path
 
 def test_grid_runs_then_reuses(small_data, tmp_path, monkeypatch, capsys):
     two = {'per_loop + raw': ['--readout=raw'], 'terminal + rmsnorm': ['--supervision=terminal']}
-    monkeypatch.setitem(plot_norms.GRIDS, 'paper', two)
+    monkeypatch.setattr(plot_norms, 'CONDITIONS', two)
     monkeypatch.setitem(grid.GRIDS, 'paper', two)
     extra = ' '.join(['--dataset', small_data, *TINY, '--max_iters=2', '--eval_interval=2'])
     argv = ['--run', '--out_root', str(tmp_path / 'grid'), '--fig_dir', str(tmp_path / 'figs'), '--train_args', extra]
@@ -139,16 +139,15 @@ def test_grid_runs_then_reuses(small_data, tmp_path, monkeypatch, capsys):
 
 def test_plot_norms_stands_alone_and_names_the_paper_grid_as_the_lab_does():
     """plot_norms.py is a handout: it imports nothing from the lab (the lab builds on it, never the reverse), and its
-    own reader names every condition of its grids as the lab's reader does."""
+    own reader names every condition of its grid as the lab's reader does."""
     with open(os.path.join(ROOT, 'plot_norms.py')) as f:
         tree = ast.parse(f.read())
     imported = [a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names]
     imported += [node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
     assert imported and not [m for m in imported if m == 'lab' or m.startswith('lab.')], imported
-    for conditions in plot_norms.GRIDS.values():
-        for name, flags in conditions.items():
-            model = train.model_config(train.parse_args(flags))[1].to_dict()
-            assert plot_norms.condition_name(model) == grid.condition_name(model) == name
+    for name, flags in plot_norms.CONDITIONS.items():
+        model = train.model_config(train.parse_args(flags))[1].to_dict()
+        assert plot_norms.condition_name(model) == grid.condition_name(model) == name
     assert grid.GRIDS['paper'] is plot_norms.CONDITIONS and grid.GRID_FLAGS is plot_norms.GRID_FLAGS
 
 
