@@ -25,7 +25,7 @@ against the step fitted from --after on (norm_course's fit) and whether the norm
 blind spot costs: rmsnorm minus raw loss at K and 2K, paired by seed, with its t interval), atlas.csv, and
 fig8_atlas.png and .svg (||h_K|| against training step, one panel per design, both readouts).
 
-Not here: the designs themselves (looped.py), their flags and predictions (lab/grid.py: DESIGNS), the exit rules
+Not here: the designs themselves, their flags and predictions (lab/designs.py: DESIGNS), the exit rules
 at matched depth (lab/matched_depth.py --against).
 """
 
@@ -37,6 +37,7 @@ from data import find_dataset
 from data.common import read_dataset
 from lab.grid import ATLAS_READOUTS as READOUTS, DESIGNS, LogError, atlas_grid, group_runs, load_runs, run_grid
 from lab.norm_course import fit
+from lab.configs import HEAD
 from lab.stats import paired_stats, sample_sd
 from lab.designs import CHOICES
 from lab.report import (at_least, check_destination, markdown, pyplot, run_main, save_figure, split_flags, tool_parser,
@@ -286,7 +287,13 @@ def main(argv=None):
         groups = group_runs(load_runs(args.runs, folders))
     except LogError as e:
         p.error(str(e))
-    groups = {name: runs for name, runs in groups.items() if name in names}
+    merged = {}  # a head tied or untied against the init is read as its design's rows (the title says which head)
+    for name, runs in groups.items():
+        for part in HEAD.values():
+            name = name.removesuffix(part)
+        if name in names:
+            merged.setdefault(name, []).extend(runs)
+    groups = merged
     if not groups:
         chosen = f" of --design={', --design='.join(args.design)}" if args.design else ''
         p.error(f"none of the runs is an atlas condition{chosen} under --init={args.init} "

@@ -18,9 +18,11 @@ from train import CONFIGS, HABITS as NANOGPT_HABITS  # noqa: F401  (read by the 
 
 NOT_VARIANTS = ('vocab_size', 'block_size', 'n_embd', 'n_head', 'n_layer', 'n_loop', 'dropout',
                 'tie_weights', 'attention', 'norm_eps')
-TAGS = {'alpha': 'alpha', 'norm_penalty': 'pen', 'n_prelude': 'prelude', 'n_coda': 'coda', 'bptt': 'bptt',
-        'jacobian_penalty': 'jac', 'gate_input': 'gate_', 'gate_beta': 'beta'}
-LABELS = {'alpha': ' {v}', 'norm_penalty': ' + penalty {v}', 'init': ' ({v} init)'}
+# the paper's fields' tags and labels here; each design field's from its Flag in lab/designs.py (tag, part)
+TAGS = {'alpha': 'alpha', 'norm_penalty': 'pen',
+        **{name: flag.tag for name, flag in DESIGN_FLAGS.items() if flag.tag is not None}}
+LABELS = {'alpha': ' {v}', 'norm_penalty': ' + penalty {v}',
+          **{name: flag.part for name, flag in DESIGN_FLAGS.items() if flag.part is not None}}
 NAMED = {('norm_penalty', 0.01): ' + penalty'}  # the paper's penalty, as the grids' tables name it
 
 
@@ -37,6 +39,15 @@ def boolean_names(config=DesignConfig, flags=DESIGN_FLAGS):
 
 
 NAMED.update(boolean_names())
+# a head tied or untied against what its init does (tied; untied under gpt2: DesignConfig's reading of an unset
+# tie_weights), in a condition's name; tie_weights is no variant, so a run folder's name leaves it out
+HEAD = {True: ' + tied head', False: ' + untied head'}
+
+
+def head_part(cfg):
+    """A condition's words for its head ('' where the head is what its init does, or is unset)."""
+    tied = cfg.get('tie_weights')
+    return '' if tied is None or tied == (cfg.get('init', 'paper') != 'gpt2') else HEAD[tied]
 
 
 def variant_fields():

@@ -420,30 +420,158 @@ def sampled_depth(config, seed, step):
     return int(min(max(rng.poisson(math.exp(tau)) + 1, 1), 2 * K))
 
 
-# ---- train.py's flags of the designs: a group of their own in --help, after the paper's
+# ---- the designs, one entry each: everything the lab derives a design's flags, names, log and atlas from
 
-# One entry per design field (each DesignConfig field that LoopedConfig lacks), in --help's order: its help, one
-# value off its default (the value the tests train it at, alone; a text field's is one of its CHOICES), and for a
-# True/False field the words a condition's name says it with (lab/configs.py: ' + <label>' when on, ' + no
-# <label>' when off; unset: the field's name). Its type, default and choices are the field's own.
-Flag = namedtuple('Flag', 'help example label', defaults=(None,))
-DESIGN_FLAGS = {
-    'gate_input': Flag("gated: the exit gate reads h_k itself (the authors') or the readout", 'readout'),
-    'gate_beta': Flag('gated: beta in sum_k p_k CE_k - beta H(p); H <= ln 4 = 1.39 at K = 4', 0.2),
-    'init': Flag("the authors', GPT-2's (head untied), or paper with small embeddings", 'gpt2'),
-    'mlp': Flag('SwiGLU (the paper) or GELU (GPT-2), hidden width 4d', 'gelu'),
-    'injection': Flag('what a pass runs on: h, h + e, W [h; e], or decay * h + Delta * B e', 'diagonal'),
-    'n_prelude': Flag('unshared layers run once on the embedding, before the loop', 1),
-    'n_coda': Flag('unshared layers between every h_k and its readout', 1),
-    'block': Flag('each sublayer x + f(norm(x)), sandwich, or deepnorm: norm(a x + f(x))', 'deepnorm'),
-    'depth_sampling': Flag('training only: K loops every step, or a drawn count of mean K', 'poisson_lognormal'),
-    'residual_scale': Flag("inverse_k: each pass's update scaled by 1/K", 'inverse_k'),
-    'bptt': Flag("the last exit's loss reaches the last bptt passes only; 0: all", 1),
-    'jacobian_penalty': Flag("w in w * ||v^T J||^2, J one pass's Jacobian (STARS)", 0.1),
-    'attention': Flag('fused kernels (sdpa), or the same math spelled out (manual)', 'manual'),
+# A design field's flag (each DesignConfig field that LoopedConfig lacks): its help in --help's designs group, one
+# value off its default (the value the tests train it at, alone; a text field's is one of its CHOICES); for a
+# True/False field the words a condition's name says it with (label: ' + <label>' when on, ' + no <label>' when
+# off; unset: the field's name); the run folder's tag ('prelude' makes prelude1; unset: '<field>_'), and the
+# condition's part, a format string of the value (part; unset: ' + <tag><value>'). Its type, default and choices
+# are the field's own.
+Flag = namedtuple('Flag', 'help example label tag part', defaults=(None, None, None))
+# What a design learns or estimates, logged at every evaluation under key and shown in the eval line by show (a
+# format string of the value's numbers, or a function of the value): read(model) reads it off the model (None:
+# the design is off); without read, it is the validation forward's stats[key], run when on(model) (grad: that
+# forward needs gradients, as STARS's estimate does).
+Logged = namedtuple('Logged', 'key show read on grad', defaults=(None, None, False))
+# The atlas's prediction for a design, written before its runs (lab/atlas.py sets it beside its measurement): is
+# the scale carried from loop to loop (||h_K|| / ||h_1|| > 1.5 under rmsnorm), is ||h_K|| large (> 100) or small
+# under the rmsnorm readout and under raw, and why.
+Prediction = namedtuple('Prediction', 'carried rmsnorm raw why')
+# One design: its python -m lab.train flags; the fields it adds, each with its Flag (a field shared by several
+# designs, such as block, belongs to the first); its atlas prediction (None: not in the atlas); what it logs; exact:
+# whether at init, with the default's weights, it computes the default's logits and loss bit for bit
+# (tests/test_designs.py checks it); pinned: tests/test_pinned_math.py's cases {name: fields} (None: one case
+# named as the design, of its flags' fields; {}: none).
+Design = namedtuple('Design', 'flags fields predicted logs exact pinned', defaults=({}, None, (), False, None))
+
+
+def _decay(model):
+    diagonal = getattr(model, 'diagonal', None)  # Parcae's per-channel decay of the carried state
+    decay = diagonal.coefficients()[1].detach() if diagonal is not None else None
+    return None if decay is None else [decay.mean().item(), decay.min().item(), decay.max().item()]
+
+
+def _damping(model):  # the factor the carried state is damped by between passes
+    damping = getattr(model, 'damping', None)
+    return None if damping is None else torch.sigmoid(damping).item()
+
+
+def _numbers(name, digits):
+    return lambda values: f"{name} {' '.join(f'{v:.{digits}f}' for v in values)}"
+
+
+# In the atlas's order (its tables' rows; a new design goes last), then the designs it does not ask.
+DESIGNS = {
+    'residual': Design([], predicted=Prediction(True, 'large', 'small', 'pre-norm residual: pass k+1 starts from '
+                                                'h_k, scale and all'), exact=True, pinned={}),
+    'normed': Design(['--recurrence=normed'], pinned={}, predicted=Prediction(
+        False, 'large', 'small', 'RMSNorm between passes removes the carried scale, but one pass can still grow its '
+        'output where the readout hides it (the paper grid: 518 at step 200)')),
+    'sandwich': Design(['--block=sandwich'], {'block': Flag(
+        'each sublayer x + f(norm(x)), sandwich, or deepnorm: norm(a x + f(x))', 'deepnorm')}, Prediction(
+        False, 'small', 'small', 'every layer ends in a norm: ||h_k|| = the RMS of its gain times sqrt(d)')),
+    'sandwich + normed': Design(['--block=sandwich', '--recurrence=normed'], pinned={}, predicted=Prediction(
+        False, 'small', 'small', 'as sandwich; the inter-loop norm has nothing left to remove')),
+    'add': Design(['--injection=add'], {'injection': Flag(
+        'what a pass runs on: h, h + e, W [h; e], or decay * h + Delta * B e', 'diagonal')}, Prediction(
+        True, 'large', 'small', "h + e keeps h's scale and adds e's at every pass")),
+    'concat': Design(['--injection=concat'], exact=True, predicted=Prediction(
+        True, 'large', 'small', 'W [h; e] starts as the identity on h, so it carries the scale as residual does')),
+    'prelude1 + coda1': Design(['--n_prelude=1', '--n_coda=1'], {
+        'n_prelude': Flag('unshared layers run once on the embedding, before the loop', 1, tag='prelude'),
+        'n_coda': Flag('unshared layers between every h_k and its readout', 1, tag='coda')}, Prediction(
+        True, 'large', 'small', 'the core is a pre-norm loop; a pre-norm coda keeps the scale, so raw still sees it'),
+        pinned={'prelude coda': {'n_prelude': 1, 'n_coda': 1}}),
+    'sampled depth': Design(['--depth_sampling=poisson_lognormal'], {'depth_sampling': Flag(
+        'training only: K loops every step, or a drawn count of mean K', 'poisson_lognormal')}, Prediction(
+        True, 'large', 'small', 'the loop is unchanged; only the count varies'), exact=True),
+    'bptt1': Design(['--bptt=1'], {'bptt': Flag("the last exit's loss reaches the last bptt passes only; 0: all", 1,
+                                                tag='bptt')}, Prediction(
+        True, 'large', 'small', "the forward pass is unchanged; each pass still has its own readout's gradient"),
+        exact=True, pinned={'bptt': {'bptt': 1}}),
+    'update / K': Design(['--residual_scale=inverse_k'], {'residual_scale': Flag(
+        "inverse_k: each pass's update scaled by 1/K", 'inverse_k')}, Prediction(
+        True, 'large', 'small', 'each update is shrunk by 1/K, but the state is still carried and its scale still '
+        'invisible to rmsnorm, so the growth is slowed, not stopped')),
+    # looped_nanochat's loop at this size: prelude and coda around the core, concat injection, sandwich layers, a
+    # norm after every loop, the sampled loop count; its bptt_k = 4 is left out (at K = 4 it would truncate only
+    # the steps whose drawn count exceeds 4). Its recipe is not: no zero-initialized output projections, no
+    # N(0, 0.001) untied head, no norm after the embedding, no logit cap, no Muon (the init is the atlas's --init)
+    'looped_nanochat': Design(['--n_prelude=1', '--n_coda=1', '--injection=concat', '--block=sandwich',
+                               '--recurrence=normed', '--depth_sampling=poisson_lognormal'], predicted=Prediction(
+        False, 'small', 'small', 'sandwich layers and a norm after every loop'),
+        pinned={'nanochat': {'n_prelude': 1, 'n_coda': 1, 'injection': 'concat', 'block': 'sandwich',
+                             'recurrence': 'normed', 'init': 'gpt2'}}),
+    # The 2026 designs that bound the recurrence (predictions committed before their runs). A bound on
+    # what is carried is not a bound on what each pass adds: under gpt2's init residual's own ratio is 1.49, so
+    # most of ||h_K|| is grown inside a pass, where a decay between passes cannot reach it
+    'diagonal': Design(['--injection=diagonal'], predicted=Prediction(
+        False, 'large', 'small', "Parcae's decay (0.447 at init, bounded below 1) shrinks the carried state at every "
+        "pass, but each pass's own pre-norm update still grows where rmsnorm hides it"),
+        logs=(Logged('decay', 'decay mean {:.3f} min {:.3f} max {:.3f}', _decay),)),
+    'damped': Design(['--recurrence=damped'], predicted=Prediction(
+        True, 'large', 'small', 'sigmoid(a) = 0.88 carries 88% of the scale from pass to pass and nothing '
+        'renormalizes it; residual itself sits at the 1.5 line under gpt2, so there the verdict is a coin flip'),
+        logs=(Logged('damping', 'damping {:.3f}', _damping),)),
+    'deepnorm': Design(['--block=deepnorm'], predicted=Prediction(
+        False, 'small', 'small', 'Post-LN ends every sublayer in a norm: ||h_k|| = sqrt(d) times the RMS of the last '
+        'gain, as in sandwich, under any readout')),
+    'jacobian': Design(['--jacobian_penalty=0.1'], {'jacobian_penalty': Flag(
+        "w in w * ||v^T J||^2, J one pass's Jacobian (STARS)", 0.1, tag='jac')}, Prediction(
+        True, 'large', 'small', 'J = I + J_f and J_f shrinks like 1 / ||h||: a large state makes the pass look like '
+        'the identity, so the penalty cannot see the scale (and may favour it)'),
+        logs=(Logged('jacobian', '||vJ|| {:.3f}', on=lambda m: getattr(m.config, 'jacobian_penalty', 0) > 0,
+                     grad=True),)),
+    # Parcae's own loop at this size: prelude and coda around a diagonal-injection core. Its small model is prelude
+    # 2, core 2, coda 2, a mean recurrence of 8 with the last 4 passes backpropagated; here one layer each around
+    # the 2-layer core at K = 4 (its truncation to 4 passes does nothing at K = 4, and its depth sampling is left
+    # out since its distribution was not read)
+    'parcae': Design(['--n_prelude=1', '--n_coda=1', '--injection=diagonal'], predicted=Prediction(
+        False, 'large', 'small', 'as diagonal; a pre-norm coda keeps the scale, so raw still sees it'),
+        pinned={'parcae': {'n_prelude': 1, 'n_coda': 1, 'injection': 'diagonal', 'readout': 'raw'}}),
+    # not in the atlas: Ouro's gate (its own grid, lab/grid.py's GATE), the initializations, GPT-2's MLP, the
+    # attention spelled out
+    'gated': Design(['--supervision=gated'], {
+        'gate_input': Flag("gated: the exit gate reads h_k itself (the authors') or the readout", 'readout',
+                           tag='gate_'),
+        'gate_beta': Flag('gated: beta in sum_k p_k CE_k - beta H(p); H <= ln 4 = 1.39 at K = 4', 0.2, tag='beta')},
+        logs=(Logged('exit_prob', _numbers('exit p', 3), on=lambda m: getattr(m, 'exit_gate', None) is not None),
+              Logged('gate_logit', _numbers('|gate logit|', 1), on=lambda m: getattr(m, 'exit_gate', None) is not None)),
+        pinned={'gated': {'supervision': 'gated'},
+                'gated readout': {'supervision': 'gated', 'gate_input': 'readout', 'gate_beta': 0.3}}),
+    'gpt2 init': Design(['--init=gpt2'], {'init': Flag(
+        "the authors', GPT-2's (head untied), or paper with small embeddings", 'gpt2', part=' ({v} init)')},
+        pinned={'gpt2': {'init': 'gpt2'}, 'small embed': {'init': 'paper_small_embed'}}),
+    'gelu': Design(['--mlp=gelu'], {'mlp': Flag('SwiGLU (the paper) or GELU (GPT-2), hidden width 4d', 'gelu')}),
+    'manual attention': Design(['--attention=manual'], {'attention': Flag(
+        'fused kernels (sdpa), or the same math spelled out (manual)', 'manual')},
+        pinned={'manual': {'attention': 'manual'}}),
 }
+# every design field's Flag, in DesignConfig's order (--help's)
+_FLAGS = {name: flag for d in DESIGNS.values() for name, flag in d.fields.items()}
+DESIGN_FLAGS = {f.name: _FLAGS[f.name] for f in fields(DesignConfig)
+                if f.name in _FLAGS and f.name not in {f.name for f in fields(LoopedConfig)}}
 # the paper's flags that take a design's value too (train.py's --supervision and --recurrence), with theirs
 PAPER_FLAG_EXAMPLES = {'supervision': 'gated', 'recurrence': 'damped'}
+
+
+def design_logs(designs=DESIGNS):
+    """What every design logs (Logged), in DESIGNS' order: the log's keys and the eval line's parts."""
+    return [log for d in designs.values() for log in d.logs]
+
+
+def pinned_cases(designs=DESIGNS):
+    """tests/test_pinned_math.py's cases of the designs, {case name: the fields it sets}: each design's pinned,
+    or one case named as the design of the fields its flags set."""
+    cases = {}
+    for name, d in designs.items():
+        if d.pinned is None:
+            values, defaults = flag_values(d.flags), flag_values([])
+            cases[name] = {k: v for k, v in values.items() if v != defaults[k]}
+        else:
+            cases.update(d.pinned)
+    return cases
 
 
 def design_examples(flags=DESIGN_FLAGS):

@@ -33,7 +33,7 @@ from collections import namedtuple
 from dataclasses import fields
 
 from lab.runs import condition_name
-from lab.designs import DesignConfig, flag_values
+from lab.designs import DESIGNS as LAB_DESIGNS, DesignConfig, flag_values
 from data.run_folder import LogError, read_log, run_folders
 from plot_norms import CONDITIONS, GRID_FLAGS
 from plot_norms import group_runs as group_in_order
@@ -48,61 +48,13 @@ def flags_name(flags):
 
 # The paper's main grid plus the two variants its abstract names (CONDITIONS): plot_norms.py's, as is claim 4's.
 # The field's looped designs for the atlas ("does this design carry the state's scale from loop to loop, and does
-# the loss see it?"), one entry each: its train.py flags, then what the design rule predicts, written down before
-# the atlas was run (commit "atlas: predictions"): is the scale carried (nothing renormalizes the state between
-# passes, so ||h_K|| / ||h_1|| > 1.5 at the end of training) or removed (< 1.5)? is ||h_K|| large (> 100: the
-# scale grew where the loss cannot see it) or small under the scale-invariant rmsnorm readout, and under raw,
-# where the loss sees the scale? and why. lab/atlas.py sets each prediction beside its measurement.
+# the loss see it?"): every design of lab/designs.py's DESIGNS with a prediction, in its order, as its train.py
+# flags, then what the design rule predicts, written down before the atlas was run (is the scale carried: nothing
+# renormalizes the state between passes, so ||h_K|| / ||h_1|| > 1.5 at the end of training; is ||h_K|| large,
+# > 100, under the scale-invariant rmsnorm readout, and under raw, where the loss sees the scale; and why).
+# lab/atlas.py sets each prediction beside its measurement.
 Design = namedtuple('Design', 'flags carried rmsnorm raw why')
-DESIGNS = {
-    'residual': Design([], True, 'large', 'small', 'pre-norm residual: pass k+1 starts from h_k, scale and all'),
-    'normed': Design(['--recurrence=normed'], False, 'large', 'small', 'RMSNorm between passes removes the carried '
-                     'scale, but one pass can still grow its output where the readout hides it (the paper grid: 518 '
-                     'at step 200)'),
-    'sandwich': Design(['--block=sandwich'], False, 'small', 'small',
-                       'every layer ends in a norm: ||h_k|| = the RMS of its gain times sqrt(d)'),
-    'sandwich + normed': Design(['--block=sandwich', '--recurrence=normed'], False, 'small', 'small',
-                                'as sandwich; the inter-loop norm has nothing left to remove'),
-    'add': Design(['--injection=add'], True, 'large', 'small', "h + e keeps h's scale and adds e's at every pass"),
-    'concat': Design(['--injection=concat'], True, 'large', 'small',
-                     'W [h; e] starts as the identity on h, so it carries the scale as residual does'),
-    'prelude1 + coda1': Design(['--n_prelude=1', '--n_coda=1'], True, 'large', 'small',
-                               'the core is a pre-norm loop; a pre-norm coda keeps the scale, so raw still sees it'),
-    'sampled depth': Design(['--depth_sampling=poisson_lognormal'], True, 'large', 'small',
-                            'the loop is unchanged; only the count varies'),
-    'bptt1': Design(['--bptt=1'], True, 'large', 'small',
-                    "the forward pass is unchanged; each pass still has its own readout's gradient"),
-    'update / K': Design(['--residual_scale=inverse_k'], True, 'large', 'small', 'each update is shrunk by 1/K, but '
-                         'the state is still carried and its scale still invisible to rmsnorm, so the growth is '
-                         'slowed, not stopped'),
-    # looped_nanochat's loop at this size: prelude and coda around the core, concat injection, sandwich layers, a
-    # norm after every loop, the sampled loop count; its bptt_k = 4 is left out (at K = 4 it would truncate only
-    # the steps whose drawn count exceeds 4). Its recipe is not: no zero-initialized output projections, no
-    # N(0, 0.001) untied head, no norm after the embedding, no logit cap, no Muon (the init is the atlas's --init)
-    'looped_nanochat': Design(['--n_prelude=1', '--n_coda=1', '--injection=concat', '--block=sandwich',
-                               '--recurrence=normed', '--depth_sampling=poisson_lognormal'], False, 'small', 'small',
-                              'sandwich layers and a norm after every loop'),
-    # The 2026 designs that bound the recurrence (predictions committed before their runs). A bound on
-    # what is carried is not a bound on what each pass adds: under gpt2's init residual's own ratio is 1.49, so
-    # most of ||h_K|| is grown inside a pass, where a decay between passes cannot reach it
-    'diagonal': Design(['--injection=diagonal'], False, 'large', 'small', "Parcae's decay (0.447 at init, "
-                       "bounded below 1) shrinks the carried state at every pass, but each pass's own pre-norm update "
-                       "still grows where rmsnorm hides it"),
-    'damped': Design(['--recurrence=damped'], True, 'large', 'small', 'sigmoid(a) = 0.88 carries 88% of the scale '
-                     'from pass to pass and nothing renormalizes it; residual itself sits at the 1.5 line under '
-                     'gpt2, so there the verdict is a coin flip'),
-    'deepnorm': Design(['--block=deepnorm'], False, 'small', 'small', 'Post-LN ends every sublayer in a norm: '
-                       '||h_k|| = sqrt(d) times the RMS of the last gain, as in sandwich, under any readout'),
-    'jacobian': Design(['--jacobian_penalty=0.1'], True, 'large', 'small', 'J = I + J_f and J_f shrinks like '
-                           '1 / ||h||: a large state makes the pass look like the identity, so the penalty cannot see '
-                           'the scale (and may favour it)'),
-    # Parcae's own loop at this size: prelude and coda around a diagonal-injection core. Its small model is prelude
-    # 2, core 2, coda 2, a mean recurrence of 8 with the last 4 passes backpropagated; here one layer each around
-    # the 2-layer core at K = 4 (its truncation to 4 passes does nothing at K = 4, and its depth sampling is left
-    # out since its distribution was not read)
-    'parcae': Design(['--n_prelude=1', '--n_coda=1', '--injection=diagonal'], False, 'large', 'small',
-                     'as diagonal; a pre-norm coda keeps the scale, so raw still sees it'),
-}
+DESIGNS = {name: Design(d.flags, *d.predicted) for name, d in LAB_DESIGNS.items() if d.predicted is not None}
 ATLAS_READOUTS = ('rmsnorm', 'raw')
 
 

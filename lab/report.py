@@ -19,6 +19,7 @@ import torch
 
 from data.common import check_writable, write_atomically
 from lab.configs import CONFIGS
+from lab.designs import design_logs
 
 
 def markdown(header, rows):
@@ -181,36 +182,24 @@ def run_main(main, prog):
 
 def design_values(model, batch, ctx):
     """What the designs that are on have learned or estimate, for the log and the eval line (train.py
-    logs the turn and alpha itself): Parcae's decay, the damping, STARS's ||v^T J||, the exit gate's
-    distribution."""
-    values = {}
-    diagonal, damping = getattr(model, 'diagonal', None), getattr(model, 'damping', None)
-    exit_gate, jacobian = getattr(model, 'exit_gate', None), getattr(model.config, 'jacobian_penalty', 0)
-    if diagonal is not None:  # Parcae's per-channel decay of the carried state
-        decay = diagonal.coefficients()[1].detach()
-        values['decay'] = [decay.mean().item(), decay.min().item(), decay.max().item()]
-    if damping is not None:  # the factor the carried state is damped by between passes
-        values['damping'] = torch.sigmoid(damping).item()
-    if jacobian > 0 or exit_gate is not None:
+    logs the turn and alpha itself): each design's Logged values (lab/designs.py's DESIGNS), those read
+    off the model first, then those of one validation batch at K loops, run only if one is on."""
+    values, asked = {}, []
+    for log in design_logs():
+        if log.read is None:
+            asked += [log] if log.on(model) else []
+        elif (value := log.read(model)) is not None:
+            values[log.key] = value
+    if asked:
         model.eval()  # one validation batch at K loops (STARS's estimate needs a graph)
-        with torch.set_grad_enabled(jacobian > 0), ctx:
+        with torch.set_grad_enabled(any(log.grad for log in asked)), ctx:
             stats = model(*batch)[2]
         model.train()
-        if 'jacobian' in stats:  # ||v^T J|| at h_K
-            values['jacobian'] = stats['jacobian'].item()
-        if 'exit_prob' in stats:  # the gate's exit distribution over loops 1..K, and its logits
-            values['exit_prob'] = stats['exit_prob'].tolist()
-            values['gate_logit'] = stats['gate_logit'].tolist()
+        values.update({log.key: stats[log.key].tolist() for log in asked if log.key in stats})
     return values
 
 
 def design_line(record):
     """design_values' part of train.py's eval line: ' | decay mean ... | exit p ...' ('' if none)."""
-    designs = {'decay': 'decay mean {:.3f} min {:.3f} max {:.3f}', 'damping': 'damping {:.3f}',
-               'jacobian': '||vJ|| {:.3f}'}
-    extra = ''.join(f" | {form.format(*np.atleast_1d(record[key]))}"
-                    for key, form in designs.items() if key in record)
-    if 'exit_prob' in record:  # gated: p_k and |gate logit| at loops 1..K
-        extra += (f" | exit p {' '.join(f'{v:.3f}' for v in record['exit_prob'])}"
-                  f" | |gate logit| {' '.join(f'{v:.1f}' for v in record['gate_logit'])}")
-    return extra
+    show = lambda log, v: log.show(v) if callable(log.show) else log.show.format(*np.atleast_1d(v))
+    return ''.join(f" | {show(log, record[log.key])}" for log in design_logs() if log.key in record)

@@ -9,7 +9,7 @@ import os
 import sys
 from dataclasses import fields
 
-from lab.configs import LABELS, NAMED, TAGS, variant_fields
+from lab.configs import LABELS, NAMED, TAGS, head_part, variant_fields
 from lab.designs import DesignConfig, DesignedGPT
 from looped import LoopedConfig, LoopedGPT
 from data.run_folder import load_checkpoint  # noqa: F401  (the lab's tools read it here)
@@ -63,7 +63,7 @@ def condition_name(cfg):
         value = cfg.get(f.name, f.default)
         if f.name not in ('supervision', 'readout') and value != f.default:
             name += label_part(f, value)
-    return name
+    return name + head_part(cfg)  # a head tied or untied against its init, last (tie_weights' place)
 
 
 def run_name(config_name, values):

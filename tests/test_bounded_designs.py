@@ -11,7 +11,8 @@ import torch
 
 from lab import train  # train.py with the designs: python -m lab.train
 from lab.runs import load_model
-from lab.designs import CHOICES, DesignBlock, DesignConfig
+from lab.designs import CHOICES, DESIGNS, DesignBlock, DesignConfig
+from lab.report import design_line
 from test_designs import BASE, record_passes, tiny, tokens
 
 # ---- Parcae's diagonal injection
@@ -232,25 +233,29 @@ def test_every_value_of_every_choice_field_survives_a_save_and_a_load(tmp_path, 
 
 # ---- their quantities in the log and the eval line
 
-@pytest.mark.parametrize('flag,key,shown', [
-    ('--injection=diagonal', 'decay', 'decay mean 0.447 min 0.447 max 0.447'),
-    ('--recurrence=damped', 'damping', 'damping 0.881'),
-    ('--jacobian_penalty=0.1', 'jacobian', '||vJ|| '),
-])
-def test_each_designs_quantity_is_logged_and_shown_at_every_evaluation(small_data, tmp_path, capsys,
-                                                                       flag, key, shown):
+# every design that logs something (lab/designs.py's DESIGNS: logs), with what its eval line shows at init
+LOGGING = [name for name, d in DESIGNS.items() if d.logs]
+AT_INIT = {'decay': 'decay mean 0.447 min 0.447 max 0.447', 'damping': 'damping 0.881', 'jacobian': '||vJ|| '}
+
+
+@pytest.mark.parametrize('design', LOGGING)
+def test_each_designs_quantity_is_logged_and_shown_at_every_evaluation(small_data, tmp_path, capsys, design):
     out = tmp_path / 'run'
     train.main(['--dataset', small_data, '--out_dir', str(out), '--n_layer=1', '--n_embd=16',
                 '--n_head=2', '--n_loop=2', '--block_size=16', '--batch_size=2', '--max_iters=2',
-                '--eval_interval=1', '--eval_iters=1', '--log_interval=1', flag])
+                '--eval_interval=1', '--eval_iters=1', '--log_interval=1', *DESIGNS[design].flags])
     evals = [line for line in capsys.readouterr().out.splitlines() if line.startswith('eval ')]
-    assert len(evals) == 3 and all(' | ' + shown.split()[0] in line for line in evals), evals
-    assert shown in evals[0]  # step 0: the value at init
     with open(out / 'log.jsonl') as f:
         records = [json.loads(line) for line in f][1:]
-    assert len(records) == 3 and all(key in r for r in records)
-    if key == 'jacobian':
-        assert all(math.isfinite(r[key]) and r[key] > 0 for r in records)
+    assert len(evals) == len(records) == 3
+    for log in DESIGNS[design].logs:
+        assert all(log.key in r for r in records), log.key
+        for line, record in zip(evals, records):  # each value in its place, as its entry shows it
+            shown = design_line({log.key: record[log.key]})
+            assert shown and shown in line, (log.key, line)
+        assert AT_INIT.get(log.key, '') in evals[0]  # step 0: the value at init
+        if log.key == 'jacobian':
+            assert all(math.isfinite(r[log.key]) and r[log.key] > 0 for r in records)
 
 
 def test_a_deepnorm_run_trains_and_keeps_its_norm_at_sqrt_d(small_data, tmp_path, capsys):

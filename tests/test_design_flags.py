@@ -50,12 +50,22 @@ def test_a_false_boolean_flag_names_the_default_condition_not_the_true_one(toy):
 
 def test_a_flag_whose_field_is_unset_by_default_is_read_by_its_type():
     """tie_weights (unset: resolved by the init) and alpha are None by default: float('False') raised. Both
-    read now, and each names what condition_name names the run it trains (tie_weights is not a variant)."""
-    for text, tied in (('False', False), ('True', True), ('0', False)):
+    read now, and each names what condition_name names the run it trains: a head tied or untied against its
+    init says so (not in the run folder's name: tie_weights is not a variant)."""
+    for text, tied, name in (('False', False, 'per_loop + rmsnorm + untied head'), ('True', True, 'per_loop + rmsnorm'),
+                             ('0', False, 'per_loop + rmsnorm + untied head')):
         values = flag_values([f'--tie_weights={text}'])
         assert values['tie_weights'] is tied
-        assert grid.flags_name([f'--tie_weights={text}']) == \
-            condition_name(DesignConfig(tie_weights=tied).to_dict()) == 'per_loop + rmsnorm'
+        assert grid.flags_name([f'--tie_weights={text}']) == condition_name(DesignConfig(tie_weights=tied).to_dict()) \
+            == name
+    assert grid.flags_name(['--init=gpt2', '--tie_weights']) == 'per_loop + rmsnorm (gpt2 init) + tied head'
+    assert grid.flags_name(['--init=gpt2', '--tie_weights=False']) == 'per_loop + rmsnorm (gpt2 init)'
+    assert run_name('laptop', flag_values(['--tie_weights=False'])) == run_name('laptop', flag_values([]))
+
+
+def test_tie_weights_false_and_true_name_two_conditions_and_neither_raises():
+    untied, tied = grid.flags_name(['--tie_weights=False']), grid.flags_name(['--tie_weights=True'])
+    assert untied != tied
     assert flag_values(['--alpha=0.25'])['alpha'] == 0.25
     assert grid.flags_name(['--readout=alpha', '--alpha=0.25']) == 'per_loop + alpha 0.25'
 

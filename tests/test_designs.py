@@ -19,7 +19,7 @@ from conftest import ROOT
 from lab.runs import condition_name, load_model
 from lab import engine
 from lab.engine import exit_passes, generate, latent_change
-from lab.designs import DESIGN_FLAGS, DesignBlock, DesignConfig, DesignedGPT, sampled_depth
+from lab.designs import DESIGN_FLAGS, DESIGNS, DesignBlock, DesignConfig, DesignedGPT, flag_values, sampled_depth
 from looped import LoopedConfig, LoopedGPT
 
 BASE = dict(vocab_size=11, block_size=8, n_embd=16, n_head=2, n_layer=1, n_loop=3)
@@ -491,3 +491,20 @@ def test_the_jacobian_penalty_keeps_the_norm_penalty():
     expected = model.training_loss(list(stats['ce']), states) + 0.1 * stats['jacobian'] ** 2
     assert model.penalty_loss(states) > 0.01
     assert torch.allclose(loss, expected, rtol=1e-5, atol=1e-6)
+
+
+# ---- the designs exact at init, from their entries (lab/designs.py's DESIGNS: exact)
+
+@pytest.mark.parametrize('design', [name for name, d in DESIGNS.items() if d.exact])
+def test_a_design_exact_at_init_computes_the_defaults_logits_and_loss_bit_for_bit(design):
+    """With the default's weights (its own parameters at their start), at every depth 1..2K: torch.equal, not
+    allclose, so the design's arithmetic must be exact (h + 1 * (u - h) is not u in floating point)."""
+    values, defaults = flag_values(DESIGNS[design].flags), flag_values([])
+    plain, designed = tiny(), tiny(**{k: v for k, v in values.items() if v != defaults[k]})
+    designed.load_state_dict(plain.state_dict(), strict=False)
+    x, y = tokens()
+    plain.eval(), designed.eval()
+    with torch.no_grad():
+        for n_loop in range(1, 2 * BASE['n_loop'] + 1):
+            (a, la, _), (b, lb, _) = plain(x, y, n_loop=n_loop), designed(x, y, n_loop=n_loop)
+            assert torch.equal(a, b) and torch.equal(la, lb), (design, n_loop)

@@ -1,9 +1,12 @@
 """The math of every design, pinned: for each configuration below, at a fixed seed, the loss, the per-loop
 cross-entropies and norms, the loss past K, and every parameter's value and gradient (as sums), against the
 values written in tests/data/pinned_math.json. Moving code (the model file apart from the designs, a design
-into the lab) must leave all of them as they were; a change to the math must rewrite the file on purpose:
+into the lab) must leave all of them as they were; a change to the math must rewrite the file on purpose. Each
+design's cases come from its entry in lab/designs.py's DESIGNS; a new design's case fails until it is pinned:
 
-    python tests/test_pinned_math.py --write    # only after a change that is meant to change the numbers
+    python tests/test_pinned_math.py --missing          # only the cases not pinned yet (a new design's)
+    python tests/test_pinned_math.py --case='update / K'  # one case afresh (repeatable)
+    python tests/test_pinned_math.py --write            # every case: only after a change meant to change them all
 """
 
 import argparse
@@ -15,26 +18,17 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from lab.designs import DesignConfig as LoopedConfig, DesignedGPT as LoopedGPT, sampled_depth  # noqa: E402
+from lab.designs import DesignConfig as LoopedConfig, DesignedGPT as LoopedGPT, pinned_cases, sampled_depth  # noqa: E402
 
 PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', 'pinned_math.json')
 SHAPE = dict(vocab_size=13, block_size=12, n_embd=16, n_head=2, n_layer=2, n_loop=3)
+# the paper's model's cases here; each design's from its entry in lab/designs.py's DESIGNS (pinned_cases)
 CASES = {
     'paper': {}, 'layernorm': {'readout': 'layernorm'}, 'raw': {'readout': 'raw'},
     'final_norm': {'readout': 'final_norm'}, 'alpha': {'readout': 'alpha'},
     'alpha fixed': {'readout': 'alpha', 'alpha': 0.3}, 'terminal': {'supervision': 'terminal'},
     'normed': {'recurrence': 'normed'}, 'penalty': {'norm_penalty': 0.01}, 'dropout': {'dropout': 0.1},
-    'gpt2': {'init': 'gpt2'}, 'small embed': {'init': 'paper_small_embed'}, 'untied': {'tie_weights': False},
-    'gelu': {'mlp': 'gelu'}, 'manual': {'attention': 'manual'}, 'eps': {'norm_eps': 1e-3},
-    'damped': {'recurrence': 'damped'}, 'gated': {'supervision': 'gated'},
-    'gated readout': {'supervision': 'gated', 'gate_input': 'readout', 'gate_beta': 0.3},
-    'add': {'injection': 'add'}, 'concat': {'injection': 'concat'}, 'diagonal': {'injection': 'diagonal'},
-    'prelude coda': {'n_prelude': 1, 'n_coda': 1}, 'sandwich': {'block': 'sandwich'},
-    'deepnorm': {'block': 'deepnorm'}, 'update / K': {'residual_scale': 'inverse_k'}, 'bptt': {'bptt': 1},
-    'jacobian': {'jacobian_penalty': 0.1}, 'sampled depth': {'depth_sampling': 'poisson_lognormal'},
-    'nanochat': {'n_prelude': 1, 'n_coda': 1, 'injection': 'concat', 'block': 'sandwich',
-                 'recurrence': 'normed', 'init': 'gpt2'},
-    'parcae': {'n_prelude': 1, 'n_coda': 1, 'injection': 'diagonal', 'readout': 'raw'},
+    'untied': {'tie_weights': False}, 'eps': {'norm_eps': 1e-3}, **pinned_cases(),
 }
 
 
@@ -65,17 +59,28 @@ def measure(fields):
     return out
 
 
-def write():
+def read():
+    if not os.path.exists(PATH):
+        return {}
+    with open(PATH) as f:
+        return json.load(f)
+
+
+def write(names=None):
+    """Measure the cases named (None: every case) and write them beside the others pinned already."""
+    pinned = read()
+    pinned.update({name: measure(CASES[name]) for name in (CASES if names is None else names)})
     os.makedirs(os.path.dirname(PATH), exist_ok=True)
     with open(PATH, 'w') as f:
-        json.dump({name: measure(fields) for name, fields in CASES.items()}, f, indent=1, sort_keys=True)
+        json.dump(pinned, f, indent=1, sort_keys=True)
         f.write('\n')
 
 
 @pytest.mark.parametrize('name', list(CASES))
 def test_a_design_computes_what_it_computed_when_pinned(name):
-    with open(PATH) as f:
-        pinned = json.load(f)[name]
+    pinned = read().get(name)
+    assert pinned is not None, (f"{name}: not pinned yet; pin it alone with python tests/test_pinned_math.py "
+                                f"--case='{name}' (or every case not pinned yet with --missing)")
     now = measure(CASES[name])
     assert sorted(now) == sorted(pinned), f"{name}: the parameters or the stats differ from the pinned ones"
     for key, value in pinned.items():
@@ -86,12 +91,21 @@ def test_a_design_computes_what_it_computed_when_pinned(name):
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description='Rewrite the pinned values, only after a change meant to change the math.')
-    p.add_argument('--write', action='store_true', required=True, help=f'write {os.path.relpath(PATH)} afresh')
+    p = argparse.ArgumentParser(description='Pin the math: write the values of some cases, or of every one, to '
+                                            f'{os.path.relpath(PATH)}; rewrite a case pinned already only after a '
+                                            'change meant to change its numbers.')
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument('--write', action='store_true', help='write every case afresh')
+    what.add_argument('--case', action='append', choices=list(CASES), metavar='NAME',
+                      help=f"write this case alone (repeatable): {', '.join(CASES)}")
+    what.add_argument('--missing', action='store_true', help='write only the cases not pinned yet (a new design\'s)')
     return p
 
 
 if __name__ == '__main__':
-    get_parser().parse_args()
-    write()
-    print(f"wrote {PATH}")
+    args = get_parser().parse_args()
+    names = None if args.write else args.case or [name for name in CASES if name not in read()]
+    if names != []:
+        write(names)
+    print(f"wrote {'every case' if names is None else ', '.join(names) or 'nothing (every case is pinned)'} "
+          f"to {PATH}")

@@ -376,7 +376,7 @@ def test_readme_flags_exist_and_the_concept_table_matches_the_defaults():
     known = {opt for parser in parsers for action in parser._actions for opt in action.option_strings}
     known |= {'--standalone', '--nproc_per_node'}                         # torchrun's (not this repository's)
     known |= {'--' + name for name in configs.NANOGPT_HABITS}  # nanoGPT's, which docs/usage.md maps to these
-    known |= {'--loop_embedding'}  # the example design that docs/usage.md's "Adding a design" adds
+    known |= {'--loop_scale'}  # the example design that docs/usage.md's "Adding a design" adds
     named = set(re.findall(r'(?<![\w-])(--[a-z][a-z0-9_]*)', readme()))
     assert named - known == set(), named - known
     table = re.findall(r'^\| `(--\w+)` \| `([^`]*)` \|', readme(), flags=re.M)

@@ -17,7 +17,7 @@ import torch
 import lab.train as lab_train
 import train
 from conftest import ROOT
-from lab.designs import DesignConfig, DesignedGPT, design_examples
+from lab.designs import DESIGN_FLAGS, DesignConfig, DesignedGPT, design_examples
 from looped import LoopedConfig, LoopedGPT
 
 TINY = ['--n_layer=1', '--n_embd=16', '--n_head=2', '--n_loop=2', '--block_size=16', '--batch_size=2',
@@ -127,7 +127,7 @@ def test_help_lists_the_papers_flags_then_the_designs_in_a_group_of_their_own():
     listed = lambda flag, part: re.search(rf'\n  {flag} ', part)  # where --help describes the flag
     for flag in ('--readout', '--norm_penalty', '--recurrence', '--supervision', '--n_loop', '--learning_rate'):
         assert listed(flag, paper), flag
-    for flag in ('--injection', '--block', '--init', '--n_prelude', '--depth_sampling', '--jacobian_penalty'):
+    for flag in ['--' + name for name in DESIGN_FLAGS]:  # every design field's flag, from lab/designs.py
         assert listed(flag, designs) and not listed(flag, paper), flag
 
 
