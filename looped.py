@@ -111,32 +111,18 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         self.n_head, self.dropout = config.n_head, config.dropout
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=False)  # q, k, v at once
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)  # no dropout
-        # after c_proj: the authors' model has none (the residual's dropout is the MLP's alone)
+        # no dropout after c_proj: the authors' model has none (the residual's is the MLP's alone)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
 
-    def forward(self, x, kv=None):
-        """x (B, T, C) -> (B, T, C): plain causal attention. kv is None but in generation's KV
-        cache (lab/engine.py), where it takes this call's keys and values (B, nh, T, hs) and
-        returns all so far (B, nh, L, hs): x is then the newest T of L positions."""
+    def forward(self, x):
+        """x (B, T, C) -> (B, T, C): each position attends to itself and the ones before it."""
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         p = self.dropout if self.training else 0.0
-        if kv is None:  # the plain path: each position sees itself and the ones before it
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
-        else:  # the cache's: the T queries are the newest of L positions, and see all before them
-            k, v = kv(k, v)                                           # (B, nh, L, hs), L >= T
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=self.causal_mask(T, k.size(2)),
-                                               dropout_p=p)
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)              # heads side by side again
         return self.c_proj(y)
-
-    def causal_mask(self, T, L):
-        """Which of L keys each of T queries sees, (T, L), when the queries are the newest T of L
-        positions (after a cache); None for one query, which sees every key."""
-        if T == 1:
-            return None
-        return torch.ones(T, L, dtype=torch.bool, device=self.c_proj.weight.device).tril(L - T)
 
 
 class MLP(nn.Module):
@@ -168,8 +154,8 @@ class Block(nn.Module):
         self.norm_2 = RMSNorm(config.n_embd, config.norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, kv=None):
-        x = x + self.attn(self.norm_1(x), kv)                        # (B, T, C)
+    def forward(self, x):
+        x = x + self.attn(self.norm_1(x))                             # (B, T, C)
         return x + self.mlp(self.norm_2(x))                           # (B, T, C)
 
 
@@ -251,32 +237,27 @@ class LoopedGPT(nn.Module):
 
     # ---- the forward pass in the order it runs: embed, loops, readout, loss
 
-    def embed(self, idx, cache=None):
-        """h_0 = e: token plus position embedding, (B, T) -> (B, T, C). A seam. With generation's
-        cache (lab/engine.py), idx holds the tokens after the cache.length cached ones."""
-        t0 = 0 if cache is None else cache.length
-        pos = torch.arange(t0, t0 + idx.size(1), device=idx.device)  # (T,)
+    def embed(self, idx):
+        """h_0 = e: token plus position embedding, (B, T) -> (B, T, C). A seam."""
+        pos = torch.arange(idx.size(1), device=idx.device)           # (T,)
         return self.drop(self.wte(idx) + self.wpe(pos))               # (B, T, C)
 
-    def loops(self, e, n_loop, cache=None, edit=None):
+    def loops(self, e, n_loop):
         """The recurrence, the one place it is written: yields (k, h_k) for k = 1..n_loop, from
-        h_0 = e. h_k is pass k's output, before any norm between loops: what is read out,
-        penalized and logged. edit, None in training and generation, is lab/diagnose.py's hook:
-        edit(k, h_in, h_k, e) -> (h_k, e) may change each output or drop rows of the batch."""
+        h_0 = e, running pass k only when h_k is asked for. h_k is pass k's output, before any norm
+        between loops: what is read out, penalized and logged."""
         h = e
         for k in range(1, n_loop + 1):
-            h_in = h                                  # what pass k starts from
-            h = self.loop_pass(h, e, k, n_loop, cache)  # (B, T, C): the stack, once
-            if edit is not None:
-                h, e = edit(k, h_in, h, e)
+            if k > 1:
+                h = self.carry(h)                     # what pass k starts from: no carry before 1
+            h = self.loop_pass(h, e, k, n_loop)       # (B, T, C): the stack, once
             yield k, h
-            h = self.carry(h)                         # what the next pass starts from
 
-    def loop_pass(self, h, e, k, n_loop, cache=None):
+    def loop_pass(self, h, e, k, n_loop):
         """Pass k of n_loop: every layer of the stack once, in order, (B, T, C) -> (B, T, C). A
         seam: lab/designs.py's passes also read the embedding e, k and n_loop."""
-        for i, block in enumerate(self.blocks):
-            h = block(h, cache and cache.layer('loop', k, i))  # cache: None, or lab/engine.py's
+        for block in self.blocks:
+            h = block(h)
         return h
 
     def carry(self, h):
@@ -284,7 +265,7 @@ class LoopedGPT(nn.Module):
         (normed), whose RMS is the norm's gain whatever h_k's. A seam."""
         return h if self.inter_norm is None else self.inter_norm(h)
 
-    def exit_input(self, h, k, cache=None):
+    def exit_input(self, h, k):
         """What the LM head reads of h_k (B, T, C) at loop k: the readout. A seam."""
         return self.readout(h, k)
 

@@ -102,7 +102,9 @@ class DesignConfig(LoopedConfig):
 
 
 class ManualAttention(CausalSelfAttention):
-    """attention='manual': the fused kernel's math spelled out, softmax(q k^T / sqrt(hs) + causal mask) v."""
+    """attention='manual': the fused kernel's math spelled out, softmax(q k^T / sqrt(hs) + causal mask) v. Its
+    cached path is its own: in generation (lab/engine.py) kv takes this call's keys and values (B, nh, T, hs) and
+    returns all so far (B, nh, L, hs), x then being the newest T of L positions."""
 
     def forward(self, x, kv=None):
         B, T, C = x.shape
@@ -151,17 +153,17 @@ class DesignBlock(Block):
         self.mlp = GeluMLP(config) if config.mlp == 'gelu' else MLP(config)
         self.post_mlp = RMSNorm(config.n_embd, config.norm_eps) if sandwich else nn.Identity()
 
-    def forward(self, x, kv=None):
+    def forward(self, x):
         if self.sandwich:
-            return self.sandwich_forward(x, kv)
+            return self.sandwich_forward(x)
         if self.deepnorm:  # (B, T, C): the sublayers see x itself; the norms come after the sums
-            x = self.norm_1(self.residual_weight * x + self.attn(x, kv))
+            x = self.norm_1(self.residual_weight * x + self.attn(x))
             return self.norm_2(self.residual_weight * x + self.mlp(x))
-        return super().forward(x, kv)
+        return super().forward(x)
 
-    def sandwich_forward(self, x, kv=None):
+    def sandwich_forward(self, x):
         """(B, T, C) -> (B, T, C): norm(x + f(norm(x))) for f = attention, then the MLP."""
-        x = self.post_attn(x + self.attn(self.norm_1(x), kv))
+        x = self.post_attn(x + self.attn(self.norm_1(x)))
         return self.post_mlp(x + self.mlp(self.norm_2(x)))
 
 
@@ -249,11 +251,11 @@ class DesignedGPT(LoopedGPT):
 
     # ---- the seams, in the order a forward pass meets them
 
-    def embed(self, idx, cache=None):
+    def embed(self, idx):
         """h_0 = e: LoopedGPT's embedding, then the prelude's layers, (B, T) -> (B, T, C)."""
-        h = super().embed(idx, cache)
-        for i, block in enumerate(self.prelude):
-            h = block(h, cache and cache.layer('prelude', i))  # kv: None without a cache
+        h = super().embed(idx)
+        for block in self.prelude:
+            h = block(h)
         return h
 
     def inject(self, h, e):
@@ -265,13 +267,13 @@ class DesignedGPT(LoopedGPT):
             return self.diagonal(h, e)
         return self.adapter(torch.cat([h, e], dim=-1))
 
-    def loop_pass(self, h, e, k, n_loop, cache=None):
+    def loop_pass(self, h, e, k, n_loop):
         """Pass k of n_loop: truncated backprop's cut, the injection, the stack (LoopedGPT's), the 1/K update."""
         c = self.config
         if c.bptt and k == n_loop - c.bptt + 1 and k > 1:
             h = h.detach()              # truncated backprop: the later losses stop here
         x = h if c.injection == 'none' else self.inject(h, e)         # what pass k runs on
-        h = super().loop_pass(x, e, k, n_loop, cache)                 # (B, T, C)
+        h = super().loop_pass(x, e, k, n_loop)                        # (B, T, C)
         if c.residual_scale == 'inverse_k':
             h = x + (h - x) / c.n_loop  # the update shrunk by 1/K, K the trained count
         return h
@@ -281,10 +283,10 @@ class DesignedGPT(LoopedGPT):
             return torch.sigmoid(self.damping) * h  # 'damped': the next pass starts from sigmoid(a) h_k
         return super().carry(h)
 
-    def exit_input(self, h, k, cache=None):
+    def exit_input(self, h, k):
         """What the LM head reads of h_k (B, T, C) at loop k: the coda's layers, then the readout."""
-        for i, block in enumerate(self.coda):
-            h = block(h, cache and cache.layer('coda', k, i))
+        for block in self.coda:
+            h = block(h)
         return super().exit_input(h, k)
 
     def loop_loss(self, h, k, targets, reduction='mean'):
@@ -329,10 +331,10 @@ class DesignedGPT(LoopedGPT):
 
     # ---- gated supervision and its exit gate (Ouro's)
 
-    def gate_logit(self, h, k, cache=None):
+    def gate_logit(self, h, k):
         """Loop k's exit-gate logit, (B, T, C) -> (B, T): of h_k itself ('raw', as the authors' gate, which sees the
         scale), or of what the head reads ('readout', which may not)."""
-        x = h if self.config.gate_input == 'raw' else self.exit_input(h, k, cache)
+        x = h if self.config.gate_input == 'raw' else self.exit_input(h, k)
         return self.exit_gate(x).squeeze(-1).float()
 
     def exit_distribution(self, gate_logits):

@@ -12,8 +12,10 @@ clamps, and the lemma check over 30 loops); in a gated run, what bounds the exit
 Depth and exit numbers use non-overlapping windows of block_size tokens, so every validation token (all but
 the last few that do not fill a window) is predicted exactly once. The scale diagnostics use the first
 --diag_windows windows. Every loop is run through LoopedGPT.loops, the model's one implementation of the
-recurrence, so a change there shows here too. plot_norms.py runs the timed per-sequence benchmark over many runs
-through exit_results, exit_summary and plot_pareto here.
+recurrence, so a change there shows here too; a diagnostic that edits the states between passes (the radial
+clamps, a bf16 state, the exit benchmark's leaving rows) runs edited_loops, the same recurrence from the
+model's own loop_pass and carry (tests/test_diagnose.py holds the two to the same states). plot_norms.py runs
+the timed per-sequence benchmark over many runs through exit_results, exit_summary and plot_pareto here.
 
 Not here: training (train.py), generation (sample.py), the figures over a grid of runs (plot_norms.py).
 """
@@ -66,15 +68,26 @@ def radial_step(h_in, h):
     return u, (u * (h - h_in)).mean(-1, keepdim=True)
 
 
+def edited_loops(model, e, n_loop, edit):
+    """LoopedGPT.loops(e, n_loop) with edit(k, h_in, h_k, e) -> (h_k, e) after every pass, h_in being what pass k
+    started from: the h_k it returns is yielded and carried on, and it may drop rows of the batch (from h_k and,
+    for the later passes, e). The recurrence of loops, from the model's own carry and loop_pass."""
+    h = e
+    for k in range(1, n_loop + 1):
+        h_in = h if k == 1 else model.carry(h)
+        h, e = edit(k, h_in, model.loop_pass(h_in, e, k, n_loop), e)
+        yield k, h
+
+
 def passes(model, x, n_loop, clamp=None):
-    """(k, h_in, h_k) for every pass through LoopedGPT.loops: what the pass started from (h_{k-1}, or its RMSNorm
-    under 'normed' recurrence) and what it produced, after clamp(k, h_in, h_k) -> h_k if one is given."""
+    """(k, h_in, h_k) for every pass: what the pass started from (h_{k-1}, or its RMSNorm under 'normed'
+    recurrence) and what it produced, after clamp(k, h_in, h_k) -> h_k if one is given."""
     inputs = []
 
-    def record(k, h_in, h, e):  # keeps what each pass started from, which the loop itself does not hand out
+    def record(k, h_in, h, e):  # keeps what each pass started from, which loops does not hand out
         inputs.append(h_in)
         return (h if clamp is None else clamp(k, h_in, h)), e
-    for k, h in model.loops(model.embed(x), n_loop, edit=record):
+    for k, h in edited_loops(model, model.embed(x), n_loop, record):
         yield k, inputs[-1], h
 
 
@@ -230,7 +243,7 @@ def _exit_run(model, x, y, K, score, threshold, batch_size, device):
     for i in range(0, len(x), batch_size):
         xb, yb = x[i:i + batch_size].to(device), y[i:i + batch_size].to(device)
 
-        def leave(k, h_in, h, e):  # runs inside LoopedGPT.loops after pass k: the exiting rows leave h and e
+        def leave(k, h_in, h, e):  # runs in edited_loops after pass k: the exiting rows leave h and e
             nonlocal total_ce, total_loops, targets, h_prev
             if score is None and k < K:
                 return h, e
@@ -244,7 +257,7 @@ def _exit_run(model, x, y, K, score, threshold, batch_size, device):
             targets, h_prev = targets[~done], h[~done]
             return h[~done], e[~done]
         h_prev, targets = model.embed(xb), yb  # the last states and targets of the sequences still in the batch
-        for k, h in model.loops(h_prev, K, edit=leave):
+        for k, h in edited_loops(model, h_prev, K, leave):
             if len(h) == 0:
                 break
     synchronize(device.type)
@@ -477,12 +490,16 @@ def precision_losses(model, x, y, K, batch_size=32):
     its absolute rounding error large while each later pass changes it little."""
     device = x.device.type
     sums = {mode: torch.zeros(2) for mode in PRECISIONS}
+
+    def rounding(k, h_in, h, e):  # 'bf16_state': the state stored, and carried on, in bf16
+        return h.bfloat16().to(h.dtype), e
     for i in range(0, len(x), batch_size):
         xb, yb = x[i:i + batch_size], y[i:i + batch_size]
         for mode in PRECISIONS:
-            rounding = (lambda k, h_in, h, e: (h.bfloat16().to(h.dtype), e)) if mode == 'bf16_state' else None
             with torch.autocast(device, dtype=torch.bfloat16, enabled=mode == 'bf16_autocast'):
-                for k, h in model.loops(model.embed(xb), 2 * K, edit=rounding):
+                e = model.embed(xb)
+                states = edited_loops(model, e, 2 * K, rounding) if mode == 'bf16_state' else model.loops(e, 2 * K)
+                for k, h in states:
                     if k in (K, 2 * K):  # weighted by the batch's windows: the last batch may be smaller
                         sums[mode][k // K - 1] += len(xb) * model.head_loss(model.exit_input(h, k), yb)[1].float().item()
     return {mode: (total / len(x)).tolist() for mode, total in sums.items()}

@@ -18,8 +18,17 @@ d's keys and values (Huginn's sharing), since running them to fill the cache wou
 The window is the last block_size tokens and, once full, restarts from its newest half, recomputed:
 a rolling window cannot be cached, as every kept token's position would shift.
 
+looped.py's model knows nothing of the cache: while a step runs, KVCache.attached installs a cached
+forward on every attention layer of the model (found by its module path) and shifts the position
+embedding by the cache's length, and the engine tells the cache which loop runs between the yields
+of model.loops. So it serves looped.py's LoopedGPT and lab/designs.py's DesignedGPT alike.
+
 Used by sample.py, lab/bench.py (--generate) and lab/diagnose.py (the exit rules).
 """
+
+import inspect
+from contextlib import contextmanager, nullcontext
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -59,26 +68,73 @@ def exit_passes(rule, threshold, logp, logp_prev, h=None, h_prev=None):
     return (logp.exp() * (logp - logp_prev)).sum(dim=-1) <= threshold
 
 
+def attend(attn, x, kv):
+    """looped.py's CausalSelfAttention.forward over a cache: x (B, T, C) holds the newest T of L
+    positions, and kv(k, v) stores this call's keys and values (B, nh, T, hs) and returns all so
+    far (B, nh, L, hs). The T queries see every cached position and, causally, each other."""
+    B, T, C = x.shape
+    q, k, v = attn.c_attn(x).split(C, dim=2)
+    q, k, v = (t.view(B, T, attn.n_head, C // attn.n_head).transpose(1, 2) for t in (q, k, v))
+    k, v = kv(k, v)                                                   # (B, nh, L, hs), L >= T
+    L = k.size(2)
+    seen = None if T == 1 else torch.ones(T, L, dtype=torch.bool, device=x.device).tril(L - T)
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=seen,
+                                       dropout_p=attn.dropout if attn.training else 0.0)
+    return attn.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
 class KVCache:
     """Every attention layer's keys and values for the context so far, one entry per layer and loop:
     ('prelude', i), ('loop', k, i), ('coda', k, i). An entry is two buffers (B, nh, block_size, hs),
-    filled up to length."""
+    filled up to length. loop is the loop running now: loop k's pass, then the coda after it."""
+
+    KINDS = {'blocks': 'loop', 'prelude': 'prelude', 'coda': 'coda'}  # module list -> entry kind
 
     def __init__(self, block_size):
-        self.block_size, self.length, self.kv = block_size, 0, {}
+        self.block_size, self.length, self.kv, self.loop = block_size, 0, {}, 1
 
-    def layer(self, *key):
-        """The kv argument of layer `key`'s attention: stores its new keys and values (B, nh, T, hs)
-        after the cached ones and returns all of them, (B, nh, length + T, hs) each."""
-        def attend(k, v):
-            if key not in self.kv:
-                shape = (*k.shape[:2], self.block_size, k.size(3))
-                self.kv[key] = (k.new_zeros(shape), v.new_zeros(shape))
-            end = self.length + k.size(2)
-            keys, values = self.kv[key]
-            keys[:, :, self.length:end], values[:, :, self.length:end] = k, v
-            return keys[:, :, :end], values[:, :, :end]
-        return attend
+    def store(self, key, k, v):
+        """Stores layer `key`'s new keys and values (B, nh, T, hs) after the cached ones and returns
+        all of them, (B, nh, length + T, hs) each."""
+        if key not in self.kv:
+            shape = (*k.shape[:2], self.block_size, k.size(3))
+            self.kv[key] = (k.new_zeros(shape), v.new_zeros(shape))
+        end = self.length + k.size(2)
+        keys, values = self.kv[key]
+        keys[:, :, self.length:end], values[:, :, self.length:end] = k, v
+        return keys[:, :, :end], values[:, :, :end]
+
+    def layer(self, path):
+        """The kv function (see attend) of the attention at module path `path` (blocks.i.attn,
+        prelude.i.attn, coda.i.attn): the entry of the loop running now, but in the prelude."""
+        kind, i = self.KINDS[path.split('.')[0]], int(path.split('.')[1])
+        if kind == 'prelude':  # run once, before the loop
+            return lambda k, v: self.store((kind, i), k, v)
+        return lambda k, v: self.store((kind, self.loop, i), k, v)
+
+    @contextmanager
+    def attached(self, model):
+        """While it lasts, model runs over the cache: positions start at length (a pre-hook on the
+        position embedding) and every attention layer reads and writes its entry. An attention
+        whose forward takes kv (lab/designs.py's ManualAttention) runs its own cached path."""
+        hook = model.wpe.register_forward_pre_hook(lambda _, args: (args[0] + self.length,))
+        layers = [(path, m) for path, m in model.named_modules() if path.endswith('.attn')]
+        for path, attn in layers:
+            kv, own = self.layer(path), 'kv' in inspect.signature(attn.forward).parameters
+            attn.forward = partial(attn.forward, kv=kv) if own else partial(attend, attn, kv=kv)
+        try:
+            yield self
+        finally:
+            hook.remove()
+            for _, attn in layers:
+                del attn.forward  # the class's forward again
+
+    def loops(self, model, e, n_loop):
+        """model.loops(e, n_loop), with loop set to k from pass k until pass k + 1 is asked for."""
+        self.loop = 1
+        for k, h in model.loops(e, n_loop):
+            yield k, h
+            self.loop = k + 1
 
     def share(self, depth, n_loop):
         """After a decoded token: a sequence that exited at loop depth[b] ran no later loop, so each
@@ -95,18 +151,18 @@ class KVCache:
                     to[skipped, :, t] = fro[skipped, :, t]
 
 
-def next_gate(model, h, k, cache=None):
+def next_gate(model, h, k):
     """Loop k's exit-gate logit for the last position, (B, T, C) -> (B,). A coda attends, so a gate
     on the head's input runs it on every position (and writes its cache entries again, the same)."""
     coda = getattr(model, 'coda', None)  # looped.py's LoopedGPT has none (nor a gate)
-    return model.gate_logit(h if coda else h[:, -1:, :], k, cache)[:, -1]
+    return model.gate_logit(h if coda else h[:, -1:, :], k)[:, -1]
 
 
-def next_logits(model, h, k, cache=None):
+def next_logits(model, h, k):
     """Loop k's logits for the token after the last position, (B, T, C) -> (B, V). A coda attends,
     so it runs on every position (a cache holds the earlier ones); without one the last will do."""
     coda = getattr(model, 'coda', None)  # looped.py's LoopedGPT has none; lab/designs.py's may
-    x = model.exit_input(h if coda else h[:, -1:, :], k, cache)[:, -1, :]  # (B, C)
+    x = model.exit_input(h if coda else h[:, -1:, :], k)[:, -1, :]  # (B, C)
     return model.lm_head(x)
 
 
@@ -121,28 +177,30 @@ def next_logprobs(model, window, n_loop, exit_rule=None, exit_threshold=None, ca
                          "one has no exit gate (use confidence, kl or latent)")
     B, prefill = window.size(0), cache is None or cache.length == 0
     new = window if cache is None else window[:, cache.length:]      # the positions not cached
-    e = model.embed(new, cache)                                       # (B, T_new, C)
-    logp, logp_prev, h_prev = None, None, e[:, -1, :]                 # latent compares h_1 with e
-    depth, done = window.new_full((B,), n_loop), window.new_zeros(B, dtype=torch.bool)
-    stay = torch.ones(B, device=window.device)  # the gate: the probability of no exit so far
-    for k, h in model.loops(e, n_loop, cache=cache):
-        if exit_rule is None and k < n_loop:
-            continue                                                  # no rule: the last loop alone
-        logp_k = F.log_softmax(next_logits(model, h, k, cache).float(), dim=-1)  # (B, V)
-        h_last = h[:, -1, :]                                          # (B, C)
-        if exit_rule is None or k == n_loop:
-            stops = ~done
-        elif exit_rule == 'gate':
-            stay = stay * (1 - torch.sigmoid(next_gate(model, h, k, cache)))
-            stops = (1 - stay >= exit_threshold) & ~done
-        else:
-            passes = exit_passes(exit_rule, exit_threshold, logp_k, logp_prev, h_last, h_prev)
-            stops = passes & ~done
-        logp = logp_k if logp is None else torch.where(stops[:, None], logp_k, logp)
-        depth[stops], done = k, done | stops
-        if done.all() and not (cache is not None and prefill):
-            break
-        logp_prev, h_prev = logp_k, h_last
+    with nullcontext() if cache is None else cache.attached(model):
+        e = model.embed(new)                                          # (B, T_new, C)
+        logp, logp_prev, h_prev = None, None, e[:, -1, :]             # latent compares h_1 with e
+        depth, done = window.new_full((B,), n_loop), window.new_zeros(B, dtype=torch.bool)
+        stay = torch.ones(B, device=window.device)  # the gate: the probability of no exit so far
+        loops = model.loops(e, n_loop) if cache is None else cache.loops(model, e, n_loop)
+        for k, h in loops:
+            if exit_rule is None and k < n_loop:
+                continue                                              # no rule: the last loop alone
+            logp_k = F.log_softmax(next_logits(model, h, k).float(), dim=-1)  # (B, V)
+            h_last = h[:, -1, :]                                      # (B, C)
+            if exit_rule is None or k == n_loop:
+                stops = ~done
+            elif exit_rule == 'gate':
+                stay = stay * (1 - torch.sigmoid(next_gate(model, h, k)))
+                stops = (1 - stay >= exit_threshold) & ~done
+            else:
+                passes = exit_passes(exit_rule, exit_threshold, logp_k, logp_prev, h_last, h_prev)
+                stops = passes & ~done
+            logp = logp_k if logp is None else torch.where(stops[:, None], logp_k, logp)
+            depth[stops], done = k, done | stops
+            if done.all() and not (cache is not None and prefill):
+                break
+            logp_prev, h_prev = logp_k, h_last
     if cache is not None:
         cache.length += e.size(1)
         if exit_rule is not None and not prefill:

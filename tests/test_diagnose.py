@@ -142,8 +142,8 @@ def test_radial_gradient_training_column_is_the_gradient_of_the_training_loss():
     model, (x, y) = tiny(readout='raw', norm_penalty=0.01), data()
     frac = diagnose.radial_gradient(model, x, y, 3)
     states, real_loops = [], model.loops
-    def loops(h, n_loop, edit=None):
-        for k, h_k in real_loops(h, n_loop, edit):
+    def loops(h, n_loop):
+        for k, h_k in real_loops(h, n_loop):
             h_k.retain_grad()
             states.append(h_k)
             yield k, h_k
@@ -197,13 +197,41 @@ def test_radial_clamps_on_known_updates():
 def test_lemma_check_on_a_loop_that_doubles_its_input(monkeypatch):
     """A pass h -> 2h is purely radial: s_k = 2^k s_0, radial increment s_{k-1}, no turn at all."""
     model, (x, _) = tiny(), data()
-    monkeypatch.setattr(model, 'loop_pass', lambda h, e, k, n_loop, cache=None: 2 * h)
+    monkeypatch.setattr(model, 'loop_pass', lambda h, e, k, n_loop: 2 * h)
     table = diagnose.lemma_check(model, x, n_loop=5)
     s0 = model.embed(x).pow(2).mean(-1).sqrt().mean().item()
     assert table.shape == (5, 4)
     assert np.allclose(table[:, 0], s0 * 2.0 ** np.arange(1, 6), rtol=1e-5)
     assert np.allclose(table[:, 1], s0 * 2.0 ** np.arange(0, 5), rtol=1e-5)
     assert np.allclose(table[:, 2:], 0, atol=1e-2)
+
+
+@pytest.mark.parametrize('design', [{}, dict(recurrence='normed'), dict(recurrence='damped'),
+                                    dict(injection='add', block='sandwich')], ids=['residual', 'normed', 'damped', 'add'])
+def test_edited_loops_is_the_models_recurrence_with_each_edit_carried_on(design):
+    """edited_loops, the diagnostics' loop that edits the states between passes: with an edit that changes nothing
+    it yields model.loops' states bit for bit; an edit's h_k is yielded and carried on (through carry), its h_in is
+    what the pass started from, and rows it drops leave e for the later passes too."""
+    model, (x, _) = tiny(**design), data()
+    with torch.no_grad():
+        e = model.embed(x)
+        seen = []
+
+        def record(k, h_in, h, e_):
+            seen.append((k, h_in))
+            return h, e_
+        same = list(diagnose.edited_loops(model, e, 4, record))
+        plain = list(model.loops(e, 4))
+        assert [k for k, _ in same] == [1, 2, 3, 4] and all(torch.equal(a, b) for (_, a), (_, b) in zip(same, plain))
+        assert seen[0][1] is e and all(torch.equal(h_in, model.carry(h)) for (_, h_in), (_, h) in zip(seen[1:], plain))
+        keep = torch.tensor([True, False, True, False, False, True])
+
+        def halve_and_drop(k, h_in, h, e_):
+            return (0.5 * h[keep], e_[keep]) if k == 1 else (0.5 * h, e_)
+        got = list(diagnose.edited_loops(model, e, 3, halve_and_drop))
+        h1 = 0.5 * model.loop_pass(e, e, 1, 3)[keep]
+        h2 = 0.5 * model.loop_pass(model.carry(h1), e[keep], 2, 3)
+        assert torch.equal(got[0][1], h1) and torch.equal(got[1][1], h2) and got[2][1].shape[0] == 3
 
 
 def test_cli_prints_every_table(small_data, tmp_path, capsys):

@@ -82,13 +82,18 @@ def test_penalty_gradient_is_radial():
 
 
 def pass_inputs(model, x, scale):
-    """What each pass starts from when every pass's output is multiplied by scale (through loops' edit)."""
-    inputs = []
+    """What each pass of model.loops starts from, and the states it yields, when every pass's output is
+    multiplied by scale (its loop_pass wrapped on the instance)."""
+    inputs, run = [], type(model).loop_pass
 
-    def scaled(k, h_in, h, e):
-        inputs.append(h_in)
-        return scale * h, e
-    states = [h for _, h in model.loops(model.embed(x), model.config.n_loop, edit=scaled)]
+    def scaled(h, e, k, n_loop):
+        inputs.append(h)
+        return scale * run(model, h, e, k, n_loop)
+    model.loop_pass = scaled
+    try:
+        states = [h for _, h in model.loops(model.embed(x), model.config.n_loop)]
+    finally:
+        del model.loop_pass
     return inputs, states
 
 
@@ -147,8 +152,8 @@ def test_the_recurrence_is_written_once(monkeypatch):
     before = outputs()
     original = DesignedGPT.loops
 
-    def flipped(self, h, n_loop, cache=None, edit=None):  # the same recurrence, every state flipped and tripled
-        for k, h_k in original(self, h, n_loop, cache, edit):
+    def flipped(self, h, n_loop):  # the same recurrence, every state flipped and tripled
+        for k, h_k in original(self, h, n_loop):
             yield k, -3 * h_k
     monkeypatch.setattr(DesignedGPT, 'loops', flipped)
     after = outputs()
