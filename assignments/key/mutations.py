@@ -70,18 +70,27 @@ MUTATIONS = [
     ('a3', 'looped.py', 'a list instead of a generator (all passes run before the first is used)',
      '''        h = e
         for k in range(1, n_loop + 1):''',
-     '''        return list(self._all_passes(e, n_loop, cache, edit))
+     '''        return list(self._all_passes(e, n_loop))
 
-    def _all_passes(self, e, n_loop, cache=None, edit=None):
+    def _all_passes(self, e, n_loop):
         h = e
         for k in range(1, n_loop + 1):'''),
-    ('a3', 'looped.py', 'yield after carry (the normed state is yielded, read out and penalized)',
-     '''            yield k, h
-            h = self.carry(h)''',
-     '''            h = self.carry(h)
-            yield k, h'''),
+    ('a3', 'looped.py', 'the carried state yielded (the normed state is read out and penalized)',
+     '            yield k, h\n', '            yield k, self.carry(h)\n'),
     ('a3', 'looped.py', 'a carry before pass 1 too (an inter-loop norm of the embedding)',
-     '        h = e\n', '        h = self.carry(e)\n'),
+     '            if k > 1:\n', '            if k >= 1:\n'),
+    ('a3', 'looped.py', 'yield, then carry: a carry after the last pass too (an inter-loop norm nothing uses)',
+     '''            if k > 1:
+                h = self.carry(h)                     # what pass k starts from: no carry before 1
+            h = self.loop_pass(h, e, k, n_loop)       # (B, T, C): the stack, once
+            yield k, h
+''',
+     '''            h = self.loop_pass(h, e, k, n_loop)       # (B, T, C): the stack, once
+            yield k, h
+            h = self.carry(h)
+'''),
+    ('a3', 'looped.py', 'no carry before pass 2 (the first carry one pass late)',
+     '            if k > 1:\n', '            if k > 2:\n'),
     ('a3', 'looped.py', "loops normalizes by itself instead of calling carry (a design's carry never runs)",
      'h = self.carry(h)', 'h = h if self.inter_norm is None else self.inter_norm(h)'),
     ('a3', 'looped.py', 'carry never called (normed recurrence carries the state unnormalized)',
@@ -89,7 +98,7 @@ MUTATIONS = [
     ('a3', 'looped.py', 'loops detaches what it hands carry (the loss stays right)',
      'h = self.carry(h)', 'h = self.carry(h.detach())'),
     ('a3', 'looped.py', 'every pass starts from e (the state is never carried)',
-     'h = self.loop_pass(h, e, k, n_loop, cache)', 'h = self.loop_pass(e, e, k, n_loop, cache)'),
+     'h = self.loop_pass(h, e, k, n_loop)', 'h = self.loop_pass(e, e, k, n_loop)'),
     ('a3', 'looped.py', 'carry that never normalizes under normed recurrence',
      'return h if self.inter_norm is None else self.inter_norm(h)', 'return h'),
     ('a3', 'looped.py', 'carry detaches the normed state',
@@ -101,46 +110,16 @@ MUTATIONS = [
     ('a3', 'looped.py', "carry normalizes without the norm's gain",
      'return h if self.inter_norm is None else self.inter_norm(h)',
      'return h if self.inter_norm is None else h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)'),
-    ('a3', 'looped.py', "edit's h_k yielded but not carried on (the pass's own output carried)",
-     '''            if edit is not None:
-                h, e = edit(k, h_in, h, e)
-            yield k, h
-''',
-     '''            h_pass = h
-            if edit is not None:
-                h, e = edit(k, h_in, h, e)
-            yield k, h
-            h = h_pass
-'''),
-    ('a3', 'looped.py', 'edit called after the yield (the yielded state is not the edited one)',
-     '''            if edit is not None:
-                h, e = edit(k, h_in, h, e)
-            yield k, h
-''',
-     '''            yield k, h
-            if edit is not None:
-                h, e = edit(k, h_in, h, e)
-'''),
-    ('a3', 'looped.py', 'edit called with the output twice (no pass input)',
-     'h, e = edit(k, h_in, h, e)', 'h, e = edit(k, h, h, e)'),
-    ('a3', 'looped.py', 'edit handed the embedding as the pass input',
-     'h, e = edit(k, h_in, h, e)', 'h, e = edit(k, e, h, e)'),
-    ('a3', 'looped.py', 'edit ignored',
-     'h, e = edit(k, h_in, h, e)', 'pass'),
-    ('a3', 'looped.py', "edit's e ignored (e keeps every row when edit drops some)",
-     'h, e = edit(k, h_in, h, e)', 'h, _ = edit(k, h_in, h, e)'),
     ('a3', 'looped.py', 'stops at the trained K',
      'for k in range(1, n_loop + 1):', 'for k in range(1, min(n_loop, self.config.n_loop) + 1):'),
-    ('a3', 'looped.py', "loops drops generation's cache (loop_pass without it)",
-     'self.loop_pass(h, e, k, n_loop, cache)', 'self.loop_pass(h, e, k, n_loop)'),
-    ('a3', 'looped.py', 'loops hands loop_pass one pass index (every loop reads one cache entry)',
-     'self.loop_pass(h, e, k, n_loop, cache)', 'self.loop_pass(h, e, 1, n_loop, cache)'),
+    ('a3', 'looped.py', 'loops hands loop_pass one pass index (truncated backprop would never cut)',
+     'self.loop_pass(h, e, k, n_loop)', 'self.loop_pass(h, e, 1, n_loop)'),
     ('a3', 'looped.py', 'a 0-based pass index (truncated backprop would cut one pass late)',
-     'self.loop_pass(h, e, k, n_loop, cache)', 'self.loop_pass(h, e, k - 1, n_loop, cache)'),
+     'self.loop_pass(h, e, k, n_loop)', 'self.loop_pass(h, e, k - 1, n_loop)'),
     ('a3', 'looped.py', 'loop_pass told the trained K, not the loops asked for',
-     'self.loop_pass(h, e, k, n_loop, cache)', 'self.loop_pass(h, e, k, self.config.n_loop, cache)'),
+     'self.loop_pass(h, e, k, n_loop)', 'self.loop_pass(h, e, k, self.config.n_loop)'),
     ('a3', 'looped.py', "loop_pass handed the carried state as e (an injection would add h to itself)",
-     'self.loop_pass(h, e, k, n_loop, cache)', 'self.loop_pass(h, h, k, n_loop, cache)'),
+     'self.loop_pass(h, e, k, n_loop)', 'self.loop_pass(h, h, k, n_loop)'),
     # ---- A4: LoopedGPT.supervision_loss ----
     ('a4', 'looped.py', 'sum instead of mean',
      'return torch.stack(ces).mean()', 'return torch.stack(ces).sum()'),
@@ -328,40 +307,37 @@ MUTATIONS = [
      'return self.diagonal(h, e)', 'return self.diagonal(e, h)'),
     ('a8', 'lab/designs.py', "diagonal as add, h + e (Parcae's decay and Delta * B left out)",
      'return self.diagonal(h, e)', 'return h + e'),
-    ('a8', 'lab/designs.py', "sandwich drops its kv (generation's cached keys and values never reached)",
-     'x = self.post_attn(x + self.attn(self.norm_1(x), kv))',
-     'x = self.post_attn(x + self.attn(self.norm_1(x)))'),
     ('a8', 'lab/designs.py', "sandwich without post_attn (the attention's sum not normalized)",
-     'x = self.post_attn(x + self.attn(self.norm_1(x), kv))', 'x = x + self.attn(self.norm_1(x), kv)'),
+     'x = self.post_attn(x + self.attn(self.norm_1(x)))', 'x = x + self.attn(self.norm_1(x))'),
     ('a8', 'lab/designs.py', "sandwich without post_mlp (the layer does not end in a norm)",
      'return self.post_mlp(x + self.mlp(self.norm_2(x)))', 'return x + self.mlp(self.norm_2(x))'),
     ('a8', 'lab/designs.py', 'sandwich with the two post-norms swapped',
-     """        x = self.post_attn(x + self.attn(self.norm_1(x), kv))
+     """        x = self.post_attn(x + self.attn(self.norm_1(x)))
         return self.post_mlp(x + self.mlp(self.norm_2(x)))""",
-     """        x = self.post_mlp(x + self.attn(self.norm_1(x), kv))
+     """        x = self.post_mlp(x + self.attn(self.norm_1(x)))
         return self.post_attn(x + self.mlp(self.norm_2(x)))"""),
     ('a8', 'lab/designs.py', 'sandwich with the two pre-norms swapped',
-     """        x = self.post_attn(x + self.attn(self.norm_1(x), kv))
+     """        x = self.post_attn(x + self.attn(self.norm_1(x)))
         return self.post_mlp(x + self.mlp(self.norm_2(x)))""",
-     """        x = self.post_attn(x + self.attn(self.norm_2(x), kv))
+     """        x = self.post_attn(x + self.attn(self.norm_2(x)))
         return self.post_mlp(x + self.mlp(self.norm_1(x)))"""),
     ('a8', 'lab/designs.py', 'post-norm instead of sandwich: norm(x + f(x)), no norm before the sublayer',
-     """        x = self.post_attn(x + self.attn(self.norm_1(x), kv))
+     """        x = self.post_attn(x + self.attn(self.norm_1(x)))
         return self.post_mlp(x + self.mlp(self.norm_2(x)))""",
-     """        x = self.post_attn(x + self.attn(x, kv))
+     """        x = self.post_attn(x + self.attn(x))
         return self.post_mlp(x + self.mlp(x))"""),
     ('a8', 'lab/designs.py', 'the residual left out: norm(f(norm(x)))',
-     'x = self.post_attn(x + self.attn(self.norm_1(x), kv))', 'x = self.post_attn(self.attn(self.norm_1(x), kv))'),
+     'x = self.post_attn(x + self.attn(self.norm_1(x)))', 'x = self.post_attn(self.attn(self.norm_1(x)))'),
     ('a8', 'lab/designs.py', "the MLP reads the block's input (the two sublayers in parallel)",
-     """        x = self.post_attn(x + self.attn(self.norm_1(x), kv))
+     """        x = self.post_attn(x + self.attn(self.norm_1(x)))
         return self.post_mlp(x + self.mlp(self.norm_2(x)))""",
-     """        y = self.post_attn(x + self.attn(self.norm_1(x), kv))
+     """        y = self.post_attn(x + self.attn(self.norm_1(x)))
         return self.post_mlp(y + self.mlp(self.norm_2(x)))"""),
     ('a8', 'lab/designs.py', 'the MLP before the attention',
-     """        x = self.post_attn(x + self.attn(self.norm_1(x), kv))
+     """        x = self.post_attn(x + self.attn(self.norm_1(x)))
         return self.post_mlp(x + self.mlp(self.norm_2(x)))""",
      """        x = self.post_attn(x + self.mlp(self.norm_1(x)))
-        return self.post_mlp(x + self.attn(self.norm_2(x), kv))"""),
+        return self.post_mlp(x + self.attn(self.norm_2(x)))"""),
 ]
 
 

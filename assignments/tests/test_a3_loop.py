@@ -1,25 +1,22 @@
 """A3 grader: LoopedGPT.loops and LoopedGPT.carry (looped.py), the recurrence: which state each pass
-starts from, what loops hands each pass, what it yields and in which order, and that generation's
-KV cache reaches every pass. PYTEST_DONT_REWRITE"""
+starts from, what loops hands each pass, what it yields and in which order, and that generation
+with lab/engine.py's KV cache still draws the plain generation's tokens. PYTEST_DONT_REWRITE"""
 
 import pytest
 import torch
 
 from grading import check_close, generated_both_ways, tiny, one_thread  # noqa: F401
 
-FAKE_CACHE = object()  # a stand-in for generation's KVCache: recorded, never handed to the real pass
-
-
 def recorded(model, scale=1.0):
-    """Wrap the model's loop_pass so that the arguments of every pass (h, e, k, n_loop, cache) are
+    """Wrap the model's loop_pass so that the arguments of every pass (h, e, k, n_loop) are
     recorded and its output multiplied by scale. Returns (calls, outputs): calls[k - 1] is a dict
     of pass k's arguments, outputs[k - 1] what it returned."""
     calls, outputs = [], []
     step = model.loop_pass
 
-    def wrapped(h, e, k, n_loop, cache=None):
-        calls.append(dict(h=h, e=e, k=k, n_loop=n_loop, cache=cache))
-        outputs.append(scale * step(h, e, k, n_loop, None if cache is FAKE_CACHE else cache))
+    def wrapped(h, e, k, n_loop):
+        calls.append(dict(h=h, e=e, k=k, n_loop=n_loop))
+        outputs.append(scale * step(h, e, k, n_loop))
         return outputs[-1]
     model.loop_pass = wrapped
     return calls, outputs
@@ -49,16 +46,16 @@ def test_yields_every_pass_in_order(n_loop):
 
 
 @pytest.mark.parametrize('n_loop', [2, 5])
-def test_each_pass_gets_the_carried_state_e_its_index_n_loop_and_the_cache(n_loop):
-    """Pass k is self.loop_pass(h_in, e, k, n_loop, cache): the state it starts from, the
-    embedding that loops was given, k counted from 1, the n_loop that loops was given (5 here is
-    beyond the trained K = 3) and the cache as it came. The designs' passes (lab/designs.py) read
-    all of them: truncated backprop counts its cut from k and n_loop, the injection adds e."""
+def test_each_pass_gets_the_carried_state_e_its_index_and_n_loop(n_loop):
+    """Pass k is self.loop_pass(h_in, e, k, n_loop): the state it starts from, the embedding that
+    loops was given, k counted from 1 and the n_loop that loops was given (5 here is beyond the
+    trained K = 3). The designs' passes (lab/designs.py) read all of them: truncated backprop
+    counts its cut from k and n_loop, the injection adds e."""
     model = tiny().eval()
     h0 = torch.randn(2, 5, 32)
     calls, outputs = recorded(model)
     with torch.no_grad():
-        list(model.loops(h0, n_loop, cache=FAKE_CACHE))
+        list(model.loops(h0, n_loop))
     assert len(calls) == n_loop, \
         f"loops(e, {n_loop}) ran loop_pass {len(calls)} times; one pass per loop"
     ks = [c['k'] for c in calls]
@@ -72,9 +69,6 @@ def test_each_pass_gets_the_carried_state_e_its_index_n_loop_and_the_cache(n_loo
     assert all(c['e'] is h0 for c in calls), (
         "loop_pass's e must be the e that loops was given (the embedding), at every pass: not "
         "the carried state")
-    assert all(c['cache'] is FAKE_CACHE for c in calls), (
-        "loops must hand its cache to every pass as it is: self.loop_pass(h, e, k, n_loop, "
-        "cache)")
     assert calls[0]['h'] is h0, "pass 1 must start from h_0 = e itself"
     for k in range(1, n_loop):
         assert calls[k]['h'] is outputs[k - 1], (
@@ -185,6 +179,10 @@ def test_the_next_pass_starts_from_carry_of_the_yielded_state():
     assert len(carried) >= 2, (
         f"loops(e, 3) called self.carry {len(carried)} times: the next pass starts from "
         f"self.carry(h_k), whatever the recurrence")
+    assert len(carried) == 2, (
+        f"loops(e, 3) called self.carry {len(carried)} times, expected 2: carry before passes 2 "
+        f"and 3 only, not after the last pass (nothing uses that carry, and under normed "
+        f"recurrence it costs a norm)")
     assert calls[0]['h'] is h0, "pass 1 must start from h_0 = e itself, not from carry(e)"
     for k in (1, 2):
         assert carried[k - 1][0] is got[k - 1][1], \
@@ -194,66 +192,6 @@ def test_the_next_pass_starts_from_carry_of_the_yielded_state():
             f"result")
     for k, ((_, h), out) in enumerate(zip(got, outputs), 1):
         assert h is out, f"the yielded h_{k} is not pass {k}'s own output: yield, then carry"
-
-
-@pytest.mark.parametrize('recurrence', ['residual', 'normed'])
-def test_edit_changes_what_is_yielded_and_carried(recurrence):
-    model = tiny(recurrence=recurrence).eval()
-    h0 = torch.randn(2, 5, 32)
-    calls, outputs = recorded(model)
-    edits = []
-
-    def halve(k, h_in, h, e):
-        edits.append((k, h_in, h, e))
-        return 0.5 * h, e
-    with torch.no_grad():
-        got = list(model.loops(h0, 3, edit=halve))
-    assert [c[0] for c in edits] == [1, 2, 3], \
-        f"edit was called with k = {[c[0] for c in edits]}; expected once per pass, k = 1, 2, 3"
-    assert all(c[1] is i and c[2] is o for c, i, o in zip(edits, inputs(calls), outputs)), (
-        "edit must be called as edit(k, h_in, h_k, e): the state the pass started from, its "
-        "own output, and e")
-    assert all(c[3] is h0 for c in edits), \
-        "edit's e must be the e that loops was given (the embedding)"
-    for k, ((_, h), o) in enumerate(zip(got, outputs), 1):
-        check_close(h, 0.5 * o, f"the yielded h_{k} against the h_k edit returned",
-                    hint="What edit returns replaces h_k: yield it.")
-    carried = [h for _, h in got[:-1]] if recurrence == 'residual' else \
-        [model.inter_norm(h) for _, h in got[:-1]]
-    how = " (through the inter-loop norm)" if recurrence == 'normed' else ''
-    for k, (i, c) in enumerate(zip(inputs(calls)[1:], carried), 1):
-        check_close(i, c, f"{recurrence} recurrence: the input of pass {k + 1} against what "
-                    f"edit returned at loop {k}{how}",
-                    hint="edit's h_k replaces h_k also for the next pass, not only in what is "
-                    "yielded.")
-
-
-def test_rows_dropped_by_edit_leave_e_too():
-    """edit may drop rows of the batch (the exit benchmark removes sequences that exited) by
-    returning (h_k[keep], e[keep]): the yielded and carried state is its h_k, and the later
-    passes get its e (which the designs' passes inject)."""
-    model = tiny().eval()
-    h0 = torch.randn(4, 5, 32)
-    calls, _ = recorded(model)
-    keep = torch.tensor([True, False, True, False])
-    returned = []
-
-    def drop(k, h_in, h, e):
-        if k == 1:
-            returned.append((h[keep], e[keep]))
-            return returned[0]
-        return h, e
-    with torch.no_grad():
-        got = list(model.loops(h0, 3, edit=drop))
-    assert [h.shape[0] for _, h in got] == [2, 2, 2], \
-        "when edit returns (h_k, e) with rows dropped, loops yields and carries that h_k"
-    assert calls[1]['h'] is returned[0][0], \
-        "pass 2 must start from the h_1 edit returned (rows 1 and 3 left at loop 1)"
-    for k in (2, 3):
-        assert calls[k - 1]['e'] is returned[0][1], (
-            f"pass {k} after rows 1 and 3 left at loop 1: loop_pass's e is not the e edit "
-            f"returned. Carry on both of edit's results: its h_k, and its e for the later "
-            f"passes.")
 
 
 @pytest.mark.parametrize('recurrence', ['residual', 'normed'])
@@ -291,11 +229,12 @@ def test_gradients_flow_through_the_carried_state(recurrence):
 
 @pytest.mark.parametrize('design', [{}, dict(recurrence='normed')], ids=['residual', 'normed'])
 def test_cached_generation_gives_the_plain_generations_tokens(design):
-    """Generation's KV cache (lab/engine.py) keeps one entry per layer and loop, which loops
-    reaches through the cache and pass index it hands loop_pass. With the same seed,
-    lab.engine.generate with cache=True must sample the very tokens model.generate samples
-    (every token from the whole window rerun), from the same log-probabilities (to 1e-4), at the
-    trained depth and beyond it, across a restart of the window (block_size 16)."""
+    """Generation's KV cache (lab/engine.py) keeps one entry per layer and loop, and files the
+    keys and values of a pass under the loop it is on between the yields of loops: pass k must
+    run when (k, h_k) is asked for, and not before. With the same seed, lab.engine.generate with
+    cache=True must sample the very tokens model.generate samples (every token from the whole
+    window rerun), from the same log-probabilities (to 1e-4), at the trained depth and beyond it,
+    across a restart of the window (block_size 16)."""
     model = tiny(**design).eval()
     prompt = torch.randint(11, (2, 5), generator=torch.Generator().manual_seed(4))
     for n_loop in (3, 5):
@@ -304,8 +243,8 @@ def test_cached_generation_gives_the_plain_generations_tokens(design):
         assert torch.equal(plain, cached) and len(diffs) == 20 and not bad, (
             f"n_loop={n_loop}: generation with the KV cache drew its tokens from other "
             f"log-probabilities than model.generate (off by up to {max(diffs):.3g}, first at new "
-            f"token {bad[0] + 1 if bad else '?'} of 20). Pass k must run as self.loop_pass(h, "
-            f"e, k, n_loop, cache): the cache that loops was given and the pass's own 1-based "
-            f"index, which picks the keys and values of that loop.")
+            f"token {bad[0] + 1 if bad else '?'} of 20). Run pass k, self.loop_pass(h, e, k, "
+            f"n_loop), when (k, h_k) is asked for and not before: the cache files its keys and "
+            f"values under the loop the engine is on between the yields of loops.")
         assert depth.unique().tolist() == [n_loop], \
             f"fixed depth {n_loop}: depths {depth.unique().tolist()}"

@@ -261,15 +261,15 @@ def with_random_gains_and_adapter(model, seed=9):
                                     dict(block='sandwich')], ids=['add', 'concat', 'diagonal', 'sandwich'])
 def test_cached_generation_gives_the_plain_generations_tokens(design):
     """Generation's KV cache (lab/engine.py) runs a new token's passes over its own position only:
-    inject gets that position's state and embedding, and each sandwich layer's attention must
-    reach the cached keys and values of the earlier positions through its kv argument. With the
+    inject gets that position's state and embedding, and each sandwich layer must run its own
+    attention, self.attn, whose cached forward reaches the earlier positions' keys and values. With the
     same seed lab.engine.generate with cache=True must sample the very tokens model.generate
     samples (the whole window rerun for every token), from the same log-probabilities (to 1e-4),
     at the trained depth K = 3 and at 5 loops, across a restart of the window (block_size 16)."""
     model = with_random_gains_and_adapter(designed(**design).eval())
     prompt = torch.randint(11, (2, 5), generator=torch.Generator().manual_seed(4))
     name = ', '.join(f"{k}='{v}'" for k, v in design.items())
-    hint = ("hand kv to the attention, self.attn(self.norm_1(x), kv), as Block.forward does"
+    hint = ("run the layer's own attention, self.attn(self.norm_1(x)), as Block.forward does"
             if 'block' in design else
             "inject must act on each position's own h and e, whatever the number of positions")
     for n_loop in (3, 5):
