@@ -1,7 +1,7 @@
 """
 The field's looped designs, as an extension of looped.py's model: DesignConfig adds one field per design to
 LoopedConfig, DesignedGPT adds each design's code to LoopedGPT. With every design field at its default,
-DesignedGPT computes exactly what LoopedGPT does (tests/test_designs.py), so every run of the lab builds it.
+DesignedGPT computes exactly what LoopedGPT does (the design tests check it), so every run of the lab builds it.
 
     injection         none | add | concat | diagonal   what a pass runs on: h, h + e, W [h; e], or Parcae's
                                                        decay * h + Delta * B e (the carried state decays)
@@ -443,7 +443,7 @@ Prediction = namedtuple('Prediction', 'carried rmsnorm raw why')
 # One design: its python -m lab.train flags; the fields it adds, each with its Flag (a field shared by several
 # designs, such as block, belongs to the first); its atlas prediction (None: not in the atlas); what it logs; exact:
 # whether at init, with the default's weights, it computes the default's logits and loss bit for bit
-# (tests/test_designs.py checks it); pinned: tests/test_pinned_math.py's cases {name: fields} (None: one case
+# (the design tests check it); pinned: the pinned-math test's cases {name: fields} (None: one case
 # named as the design, of its flags' fields; {}: none).
 Design = namedtuple('Design', 'flags fields predicted logs exact pinned', defaults=({}, None, (), False, None))
 
@@ -564,7 +564,7 @@ def design_logs(designs=DESIGNS):
 
 
 def pinned_cases(designs=DESIGNS):
-    """tests/test_pinned_math.py's cases of the designs, {case name: the fields it sets}: each design's pinned,
+    """The pinned-math test's cases of the designs, {case name: the fields it sets}: each design's pinned,
     or one case named as the design of the fields its flags set."""
     cases = {}
     for name, d in designs.items():

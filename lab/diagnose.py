@@ -14,8 +14,8 @@ the last few that do not fill a window) is predicted exactly once. The scale dia
 --diag_windows windows. Every loop is run through LoopedGPT.loops, the model's one implementation of the
 recurrence, so a change there shows here too; a diagnostic that edits the states between passes (the radial
 clamps, a bf16 state, the exit benchmark's leaving rows) runs edited_loops, the same recurrence from the
-model's own loop_pass and carry (tests/test_diagnose.py holds the two to the same states). plot_norms.py runs
-the timed per-sequence benchmark over many runs through exit_results, exit_summary and plot_pareto here.
+model's own loop_pass and carry (a test holds the two to the same states). lab/paper.py
+runs the timed per-sequence benchmark over many runs through exit_results, exit_summary and plot_pareto here.
 
 Not here: training (train.py), generation (sample.py), the figures over a grid of runs (plot_norms.py).
 """
@@ -284,10 +284,10 @@ def exit_benchmark(model, x, y, K, batch_size=32, repeats=3):
     return rows
 
 
-# ---- the same benchmark over many runs: plot_norms.py's exit_table.md and fig4_pareto.png ----
+# ---- the same benchmark over many runs: lab/paper.py's exit_table.md and fig4_pareto.png ----
 
 def exit_results(groups, max_windows):
-    """exit_benchmark for every run of plot_norms' groups ({condition: runs}), from its ckpt.pt: {condition: [rows
+    """exit_benchmark for every run of lab/paper.py's groups ({condition: runs}), from its ckpt.pt: {condition: [rows
     of each seed]}. It times real batched runs, so the tok/s columns mean something only on an otherwise idle machine."""
     device = resolve_device().device
     results = {}
