@@ -22,15 +22,12 @@ the residual loop keeps carrying, and growing, that scale. The fields that expos
 
 The rest is the shape (vocab_size, block_size, n_embd, n_head, n_layer, n_loop, dropout) and two
 choices that leave the idea alone (tie_weights, norm_eps). LoopedGPT.loops is where the loop runs.
-The other looped LMs' designs extend this model in lab/designs.py by overriding a few methods,
-the seams, each of which does the paper's thing here: LoopedConfig.checks, make_stack, embed,
-loop_pass, carry, exit_input, loop_loss (their docstrings say "A seam").
-Generation with a KV cache and early exit lives in lab/engine.py; this file has the plain reference.
+lab/designs.py extends this model with the other looped LMs' designs by overriding the methods
+whose docstrings say "A seam"; lab/engine.py adds a KV cache to generate.
 """
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -56,7 +53,7 @@ class LoopedConfig:
     dropout: float = 0.0  # the paper uses 0.1; tiny CPU runs learn faster without
     supervision: str = 'per_loop'  # which loops get a cross-entropy: all K, or the last
     readout: str = 'rmsnorm'  # what the LM head sees of h_k (see Readout)
-    alpha: Optional[float] = None  # readout=alpha: unset learns alpha, a number in [0, 1] fixes it
+    alpha: float | None = None  # readout=alpha: unset learns alpha, a number in [0, 1] fixes it
     norm_penalty: float = 0.0  # lambda in lambda * mean_k mean(h_k^2); the paper uses 0.01
     recurrence: str = 'residual'  # the next loop starts from h_k, or from RMSNorm(h_k)
     tie_weights: bool = True  # the LM head shares the token embedding's weight, as the authors do
@@ -106,6 +103,7 @@ class RMSNorm(nn.Module):
 
 
 class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention through SDPA (flash attention where the device has it)."""
 
     def __init__(self, config):
         super().__init__()
@@ -132,8 +130,7 @@ class MLP(nn.Module):
         super().__init__()
         hidden = 4 * config.n_embd
         self.c_fc = nn.Linear(config.n_embd, hidden, bias=False)  # W1, the branch through silu
-        # W3, the linear branch that silu(W1 x) multiplies: what most code calls up_proj (and W1
-        # gate_proj); the name is kept, since checkpoints store the weights under it
+        # W3, the branch silu(W1 x) multiplies (most code's up_proj; checkpoints keep this name)
         self.c_gate = nn.Linear(config.n_embd, hidden, bias=False)
         self.c_proj = nn.Linear(hidden, config.n_embd, bias=False)
         self.drop = nn.Dropout(config.dropout)
@@ -166,8 +163,7 @@ class AlphaNorm(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        self.eps = config.norm_eps
-        self.fixed_alpha = config.alpha
+        self.eps, self.fixed_alpha = config.norm_eps, config.alpha
         self.alpha_logit = nn.Parameter(torch.zeros(())) if config.alpha is None else None
         self.log_s_ref = nn.Parameter(torch.zeros(()))                # s_ref = 1 at the start
 
@@ -189,8 +185,7 @@ class Readout(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        self.kind = config.readout
-        self.n_loop = config.n_loop
+        self.kind, self.n_loop = config.readout, config.n_loop
         if self.kind == 'layernorm':
             self.norm = nn.LayerNorm(config.n_embd, eps=config.norm_eps, bias=False)
         elif self.kind in ('rmsnorm', 'final_norm'):
@@ -201,8 +196,7 @@ class Readout(nn.Module):
             self.norm = nn.Identity()
 
     def forward(self, h, k):
-        """The head's input for h_k (..., C): self.norm(h), except that final_norm reads out raw
-        before the trained depth K (the early exits) and normalizes at K and beyond."""
+        """The head's input for h_k (..., C): self.norm(h); final_norm's exits before K are raw."""
         if self.kind == 'final_norm' and k < self.n_loop:
             return h
         return self.norm(h)
@@ -227,12 +221,10 @@ class LoopedGPT(nn.Module):
             self.lm_head.weight = self.wte.weight
 
     def make_stack(self):
-        """The n_layer layers every loop runs. A seam: lab/designs.py makes its own layers here, and
-        those it runs around the loop."""
+        """The n_layer layers every loop runs. A seam: lab/designs.py makes its own layers here."""
         return nn.ModuleList([Block(self.config) for _ in range(self.config.n_layer)])
 
-    def num_params(self):
-        """Unique parameters: the looped stack and a tied head count once."""
+    def num_params(self):  # unique: the looped stack and a tied head count once
         return sum(p.numel() for p in self.parameters())
 
     # ---- the forward pass in the order it runs: embed, loops, readout, loss
@@ -261,8 +253,7 @@ class LoopedGPT(nn.Module):
         return h
 
     def carry(self, h):
-        """What pass k+1 starts from, given h_k (B, T, C): h_k itself (residual), or RMSNorm(h_k)
-        (normed), whose RMS is the norm's gain whatever h_k's. A seam."""
+        """What pass k+1 starts from, given h_k (B, T, C): h_k, or RMSNorm(h_k) (normed). A seam."""
         return h if self.inter_norm is None else self.inter_norm(h)
 
     def exit_input(self, h, k):
@@ -271,7 +262,7 @@ class LoopedGPT(nn.Module):
 
     def head_loss(self, x, targets, reduction='mean'):
         """The LM head on x = exit_input(h_k, k) (B, T, C) and its float32 cross-entropy: (logits
-        (B, T, V), loss). lab/runtime.py compiles it on a GPU: no float32 logits are kept."""
+        (B, T, V), loss). train.py compiles it on a GPU: no float32 logits are kept."""
         logits = self.lm_head(x)                                      # (B, T, V)
         loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1,
                                reduction=reduction)
@@ -296,8 +287,7 @@ class LoopedGPT(nn.Module):
         return self.config.norm_penalty * mean_squares.mean()
 
     def training_loss(self, ces, states):
-        """What training minimizes: the supervised cross-entropies ces, plus the norm penalty on the
-        states h_1..h_K if it is on."""
+        """What training minimizes: the cross-entropies supervised, plus the penalty if it is on."""
         loss = self.supervision_loss(ces)
         if self.config.norm_penalty > 0:
             loss = loss + self.penalty_loss(states)
@@ -305,10 +295,9 @@ class LoopedGPT(nn.Module):
 
     def forward(self, idx, targets=None, n_loop=None):
         """idx, targets (B, T) token ids; n_loop defaults to the trained K and may exceed it.
-        Returns (logits, loss, stats): logits (B, T, V) of the last loop, or (B, 1, V) for the last
-        position without targets; the training loss (None without targets); stats: 'hidden_norm'
-        (n_loop,), the mean ||h_k|| over tokens, and 'ce' (n_loop,), every loop's cross-entropy
-        (None without targets)."""
+        Returns (logits of the last loop, (B, T, V), or (B, 1, V) without targets; the training
+        loss or None; stats: 'hidden_norm' (n_loop,), the mean ||h_k|| over tokens, and 'ce'
+        (n_loop,), each loop's cross-entropy or None)."""
         T, K = idx.size(1), n_loop or self.config.n_loop              # K: the depth run here
         if T > self.config.block_size:
             raise ValueError(f"sequence of length {T} is longer than "
@@ -332,9 +321,8 @@ class LoopedGPT(nn.Module):
         return logits, self.training_loss(ces, states), stats
 
     def flops_per_token(self):
-        """Training FLOPs per token, nanoGPT's count: 6 per use of a matrix's weight (forward and
-        backward), the stack's once a loop and the head's once a supervised loop, plus attention's
-        12 * layers * d * T; norm gains are elementwise work, not counted."""
+        """Training FLOPs per token, nanoGPT's count: 6 per use of a matrix weight (the stack's once
+        a loop, the head's once a supervised loop) plus attention's 12 * layers * d * T."""
         c, K = self.config, self.config.n_loop
         readouts = 1 if c.supervision == 'terminal' else K
         stack = sum(p.numel() for p in self.blocks.parameters() if p.dim() >= 2)

@@ -17,112 +17,34 @@ The field's other designs (lab/designs.py) train through this file: python -m la
 import argparse
 import math
 import os
-import signal
 import sys
 import time
-from contextlib import nullcontext
 from dataclasses import fields
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from data import open_dataset
+from data.batches import Data, resolve_schedule
 from data.common import check_same_data
-from data.run_folder import (check_folder, log_record, resume_checkpoint, save_checkpoint,
-                             start_log)
+from data.configs import CONFIGS
+from data.flags import Parser, auto_or_boolean, bad_flag, given_flags, run_name
+from data.run_folder import (check_finite, check_folder, kept, log_record, restore, resume_args,
+                             save_checkpoint, start_log)
+from data.system import (Interrupts, Progress, agree, check_replicas, compile_regions,
+                         end_processes, fmt_time, peak_flops, resolve_device, start_processes)
 from looped import CHOICES, LoopedConfig, LoopedGPT
 
-# ---- flags: the named configurations, then the paper's model, training, evaluation, the system
-
-CONFIGS = {  # --config: values that replace the defaults below, unless typed on the command line
-    'laptop': {},  # the defaults: a 2-core CPU trains it in about 2 minutes and sees the blind spot
-    'laptop_long': dict(n_embd=64, max_iters=2000, eval_iters=4, log_interval=100),
-    'laptop_deep': dict(n_layer=4, max_iters=1500, eval_iters=4, log_interval=100,
-                        learning_rate=1e-3),
-    'laptop_10k': dict(max_iters=10000, eval_interval=250, log_interval=100),
-    'gpu_char': dict(n_layer=4, n_embd=256, block_size=256, batch_size=32, dropout=0.1,
-                     max_iters=3000, eval_interval=250, eval_iters=20, log_interval=50,
-                     learning_rate=3e-4),
-    # the authors' recipe: 4 epochs of WikiText-103 (python -m data.wikitext103.prepare), AdamW 3e-4
-    'paper_44m': dict(n_layer=8, n_embd=512, n_head=8, block_size=256, batch_size=64, dropout=0.1,
-                      max_iters=None, epochs=4, eval_interval=1000, eval_iters=20, log_interval=50,
-                      learning_rate=3e-4, dataset='wikitext103'),
-    'paper_129m': dict(n_layer=12, n_embd=768, n_head=12, block_size=256, batch_size=32,
-                       dropout=0.1, max_iters=None, epochs=4, eval_interval=1000, eval_iters=20,
-                       log_interval=50, learning_rate=3e-4, dataset='wikitext103'),
-}
-HABITS = {  # flags a nanoGPT user types from memory, each answered in one line
-    'init_from': 'continue a run with --resume; no GPT-2 weights are loaded here',
-    'eval_only': 'evaluate a checkpoint with python -m lab.diagnose --out_dir=FOLDER',
-    'gradient_accumulation_steps': 'use --grad_accum=N (micro-steps over all processes)',
-    **dict.fromkeys(['wandb_log', 'wandb_project', 'wandb_run_name'],
-                    'no wandb here: evaluations go to out_dir/log.jsonl; plot_norms.py draws it'),
-    'lr': 'use --learning_rate',
-    'always_save_checkpoint': 'every evaluation saves out_dir/ckpt.pt',
-    'bias': 'the layers have no biases (as the paper)',
-    'beta1': "AdamW's betas are PyTorch's defaults (0.9, 0.999), as the authors'",
-    'beta2': "AdamW's betas are PyTorch's defaults (0.9, 0.999), as the authors'",
-    'backend': 'torchrun joins NCCL on CUDA and gloo on a CPU by itself',
-}
-LAB = 'python -m lab.train'  # where the field's other designs train
-
+# ---- flags: the paper's model, training, evaluation, the system (presets: data/configs.py)
 
 def fail(message):  # one line on stderr and exit status 1, as the parser's errors
     sys.exit(f"train.py: error: {message}")
 
 
-def boolean(s):  # True/False/1/0; plain type=bool would read the string 'False' as True
-    if s.lower() not in ('1', 'true', 'yes', '0', 'false', 'no'):
-        raise argparse.ArgumentTypeError(f"expected True/False/1/0 (or the flag alone), got {s!r}")
-    return s.lower() in ('1', 'true', 'yes')
-
-
-def auto_or_boolean(s):  # --compile: auto (on for CUDA only), or a boolean
-    if s == 'auto':
-        return s
-    try:
-        return boolean(s)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"expected auto or True/False/1/0, got {s!r}") from None
-
-
-class Help(argparse.ArgumentDefaultsHelpFormatter):  # each default, but an unset one's help says
-    def _get_help_string(self, action):
-        return action.help if action.default is None else super()._get_help_string(action)
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse's, with every error in one line and a nanoGPT habit answered."""
-    def error(self, message):
-        if self.prog == 'train.py' and 'invalid choice' in message \
-                and message.startswith(('argument --supervision', 'argument --recurrence')):
-            message += f" (gated, damped: {LAB})"  # the designs' values
-        sys.exit(f"{self.prog}: error: {message}")
-
-    def parse_args(self, args=None, namespace=None):
-        args = sys.argv[1:] if args is None else args
-        for arg in args:
-            name = arg[2:].split('=', 1)[0]
-            if arg.endswith('.py') and not arg.startswith('-'):
-                self.error(f"{arg}: config files are not read here; use --config=NAME "
-                           f"(one of {', '.join(CONFIGS)}) and flags")
-            if arg.startswith('--') and name in HABITS:
-                self.error(f"--{name} is nanoGPT's; {HABITS[name]}")
-        args, unknown = super().parse_known_args(args, namespace)
-        if unknown:  # a design's flag, most likely: those are the lab's
-            self.error(f"unrecognized arguments: {' '.join(unknown)} (designs train with {LAB})")
-        return args
-
-
 def get_parser(prog='train.py'):
-    p = Parser(prog=prog, description='Train a looped transformer LM.', allow_abbrev=False,
-               formatter_class=Help)
-    add = p.add_argument
-    flag = lambda name, default, help, type=boolean: add(name, type=type, nargs='?', const=True,
-                                                         default=default, help=help)
+    p = Parser(CONFIGS, prog=prog, description='Train a looped transformer LM.')
+    add, flag = p.add_argument, p.flag
     add('--config', default='laptop', choices=CONFIGS, help='its values replace the defaults')
     # the model: looped.py's LoopedConfig, its defaults the laptop run's (2 layers x 128, K = 4)
     add('--block_size', type=int, default=128, help='context length T')
@@ -172,47 +94,7 @@ def get_parser(prog='train.py'):
     return p
 
 
-def given_flags(argv=None):
-    """The flags typed on the command line: they win over --config, and over a resumed run's."""
-    argv = sys.argv[1:] if argv is None else argv
-    return {a[2:].split('=', 1)[0] for a in argv if a.startswith('--')}
-
-
-def bad_flag(a):
-    """One line for the first training flag whose value cannot work (LoopedConfig checks the
-    model's), or None. nan and inf would pass a plain comparison, hence finite()."""
-    finite = lambda v: v is not None and math.isfinite(v)
-    counts = ['batch_size', 'eval_interval', 'eval_iters', 'log_interval']
-    checks = [(n, getattr(a, n) >= 1, 'at least 1') for n in counts] + [
-        ('max_iters', a.epochs is not None or a.max_iters >= 1, 'at least 1'),
-        ('grad_accum', a.grad_accum is None or a.grad_accum >= 1, 'at least 1'),
-        ('warmup_iters', a.warmup_iters >= 0, 'at least 0 (0: no warmup)'),
-        ('lr_decay_iters', a.lr_decay_iters is None or a.lr_decay_iters >= 1, 'at least 1'),
-        ('min_lr', a.min_lr is None or finite(a.min_lr) and 0 <= a.min_lr <= a.learning_rate,
-         'a finite number between 0 and --learning_rate'),
-        ('learning_rate', finite(a.learning_rate) and a.learning_rate > 0, 'a finite number > 0'),
-        ('weight_decay', finite(a.weight_decay) and a.weight_decay >= 0, 'a finite number >= 0'),
-        ('grad_clip', finite(a.grad_clip) and a.grad_clip >= 0, 'a finite number >= 0 (0: off)'),
-        ('epochs', a.epochs is None or finite(a.epochs) and a.epochs > 0, 'finite and > 0'),
-        ('block_size', a.epochs is None or a.block_size >= 2, '>= 2 with --epochs (stride T/2)'),
-        ('seed', 0 <= a.seed < 2 ** 63, 'between 0 and 2**63 - 1')]
-    return next((f"--{n}={getattr(a, n)} must be {want}" for n, ok, want in checks if not ok), None)
-
-
-def run_name(args):
-    """out/<config>, then each variant flag off its default: out/laptop-readout_raw-pen0.01."""
-    tags = {'alpha': 'alpha', 'norm_penalty': 'pen'}
-    parts = [args.config]
-    for f in fields(LoopedConfig):
-        value = getattr(args, f.name, f.default)
-        if f.name in ('supervision', 'readout', 'alpha', 'norm_penalty', 'recurrence') \
-                and value != f.default:
-            parts.append(tags.get(f.name, f.name + '_') + (f"{value:g}" if tags.get(f.name)
-                                                          else str(value)))
-    return os.path.join('out', '-'.join(parts))
-
-
-def parse_args(argv=None, parser=None, name=run_name):
+def parse_args(argv=None, parser=None, name=None):
     argv = sys.argv[1:] if argv is None else argv
     parser, given = parser or get_parser(), given_flags(argv)
     args = parser.parse_args(argv)
@@ -227,7 +109,7 @@ def parse_args(argv=None, parser=None, name=run_name):
         parser.error("--resume continues a run and --overwrite replaces it: give one of them")
     if bad_flag(args):
         parser.error(bad_flag(args))
-    args.out_dir = args.out_dir or name(args)
+    args.out_dir = args.out_dir or (name(args) if name else run_name(args, LoopedConfig()))
     return args
 
 
@@ -236,48 +118,6 @@ def model_config(args, vocab_size=65):
     values = {f.name: getattr(args, f.name) for f in fields(LoopedConfig) if f.name != 'vocab_size'}
     values['tie_weights'] = args.tie_weights is not False  # unset: tied, as the authors'
     return LoopedGPT, LoopedConfig(vocab_size=vocab_size, **values)
-
-
-# ---- data
-class Data:
-    """train.bin / val.bin as uint16 arrays, random training windows, fixed evaluation windows."""
-    def __init__(self, dataset, block_size, batch_size, device, seed):  # dataset: name or folder
-        self.folder, self.meta, self.splits, self.identity = open_dataset(dataset)  # all checked
-        self.T, self.B, self.device = block_size, batch_size, device
-        for split, data in self.splits.items():
-            if len(data) <= block_size + 1:
-                raise ValueError(f"{self.folder}/{split}.bin has {len(data)} tokens, too few for "
-                                 f"block_size={block_size}")
-        self.gen = torch.Generator().manual_seed(seed)  # saved in the checkpoint, for exact resume
-
-    def _batch(self, data, starts):
-        # one fancy-indexing gather of (B, T + 1) windows: 10x faster than stacking B slices
-        windows = np.asarray(starts)[:, None] + np.arange(self.T + 1)
-        w = torch.from_numpy(data[windows].astype(np.int64))
-        x, y = w[:, :-1], w[:, 1:]  # (B, T) each: y is x shifted by one
-        if self.device.startswith('cuda'):  # pinned memory: the copy overlaps with the GPU's work
-            return (x.pin_memory().to(self.device, non_blocking=True),
-                    y.pin_memory().to(self.device, non_blocking=True))
-        return x.to(self.device), y.to(self.device)
-
-    def train_batch(self):
-        data = self.splits['train']
-        starts = torch.randint(len(data) - self.T - 1, (self.B,), generator=self.gen).numpy()
-        return self._batch(data, starts)
-
-    def fixed_batches(self, split, n_batches):
-        """Up to n_batches batches of windows spread evenly over the split, the same in every
-        evaluation; no more windows than fit without overlap (so a tiny split stays cheap)."""
-        data = self.splits[split]
-        n = max(1, min(n_batches * self.B, (len(data) - 1) // self.T))
-        starts = np.linspace(0, len(data) - self.T - 1, n).astype(np.int64).tolist()
-        return [self._batch(data, starts[i:i + self.B]) for i in range(0, n, self.B)]
-
-
-def steps_from_epochs(epochs, n_tokens, block_size, global_batch):
-    """(steps, windows per epoch), an epoch being the authors': windows at stride block_size/2"""
-    windows = (n_tokens - block_size - 1) // (block_size // 2) + 1
-    return math.ceil(epochs * windows / global_batch), windows
 
 
 def get_lr(args, step):
@@ -292,95 +132,6 @@ def get_lr(args, step):
         return args.min_lr
     progress = (step - warmup) / (args.lr_decay_iters - warmup)  # 0 after the warmup, 1 at the end
     return args.min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (lr - args.min_lr)
-
-
-# ---- the device, and what runs on it
-
-def resolve_device(device, dtype, compile):
-    """(device, dtype, compile, autocast context). auto: CUDA, else MPS, else CPU; bf16 on a GPU
-    that has it, else float16 (with a GradScaler), float32 on a CPU; compile on CUDA only."""
-    if device == 'auto':
-        device = 'cuda' if torch.cuda.is_available() else \
-            'mps' if torch.backends.mps.is_available() else 'cpu'
-    try:
-        kind = torch.device(device).type
-    except RuntimeError:
-        raise ValueError(f"unknown device {device!r}: use auto, cpu, cuda, cuda:N or mps") from None
-    if kind not in ('cpu', 'cuda', 'mps'):
-        raise ValueError(f"device {device!r}: only cpu, cuda and mps are supported")
-    if kind == 'cuda' and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r}: torch sees no CUDA GPU here")
-    if kind == 'mps' and not torch.backends.mps.is_available():
-        raise ValueError(f"device {device!r}: MPS (Apple GPU) is not available here")
-    if dtype == 'auto':  # emulated bf16 (a T4's) would be slow: float16 there
-        dtype = 'float32' if kind != 'cuda' else 'bfloat16' if \
-            torch.cuda.is_bf16_supported(including_emulation=False) else 'float16'
-    if dtype == 'float16' and kind != 'cuda':
-        raise ValueError(f"--dtype=float16 needs CUDA (its GradScaler is for GPUs); on {kind} use "
-                         "float32 or bfloat16")
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # CUDA's fp32
-    half = {'bfloat16': torch.bfloat16, 'float16': torch.float16}.get(dtype)
-    ctx = torch.autocast(kind, dtype=half) if half else nullcontext()  # weights stay fp32
-    return device, dtype, kind == 'cuda' if compile == 'auto' else compile, ctx
-
-
-def compile_regions(model):
-    """Regional torch.compile: each layer of the stack (one graph serves every loop) and the head's
-    loss (float32 logits are never written); the loop stays Python, so any K reuses them."""
-    for block in model.blocks:
-        block.compile()
-    model.head_loss = torch.compile(model.head_loss)  # an attribute shadows the method
-
-
-# ---- resuming, and Ctrl-C (the run folder's files: data/run_folder.py)
-
-def resume_args(args, given, device, model_fields):
-    """The checkpoint that --resume continues, with args made to describe it: its model (a model
-    flag typed with another value is an error), its data, seed and schedule unless typed."""
-    path = os.path.join(args.out_dir, 'ckpt.pt')
-    ckpt = resume_checkpoint(args.out_dir, device)
-    other = set(ckpt['config']) - {f.name for f in model_fields}
-    if other:  # a design's fields
-        raise ValueError(f"{path} was trained with a design ({', '.join(sorted(other))}); resume "
-                         f"it with {LAB}")
-    for name in ('dataset', 'seed', 'learning_rate', 'warmup_iters', 'decay_lr', 'lr_decay_iters',
-                 'min_lr'):
-        if name not in given:
-            setattr(args, name, ckpt['args'].get(name, getattr(args, name)))
-    saved = {**{f.name: f.default for f in model_fields}, **ckpt['config']}
-    for f in model_fields:
-        if f.name in given and getattr(args, f.name) != saved[f.name]:
-            raise ValueError(f"--{f.name}={getattr(args, f.name)} differs from the checkpoint's "
-                             f"{saved[f.name]}; a resumed run keeps its model (drop the flag, or "
-                             "start a new run elsewhere)")
-        if f.name != 'vocab_size':
-            setattr(args, f.name, saved[f.name])
-    return ckpt
-
-
-class Interrupts:
-    """Ctrl-C and SIGTERM set a flag that the loop reads once a step: it saves and exits 130
-    there. A second Ctrl-C aborts a single process at once (torchrun repeats the first)."""
-    def __init__(self, world, say):
-        self.world, self.say, self.received = world, say, []
-
-    def __enter__(self):
-        self.old = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM)}
-        return self
-
-    def __exit__(self, *exc):
-        for s, handler in self.old.items():
-            signal.signal(s, handler)
-
-    def handle(self, signum, frame):
-        if self.received and signum == signal.SIGINT and self.world == 1:
-            raise KeyboardInterrupt
-        if not self.received:
-            again = ' (Ctrl-C again to abort)' if signum == signal.SIGINT and self.world == 1 \
-                else ''
-            self.say(f"\n{signal.Signals(signum).name}: saving a checkpoint after this step{again}",
-                     flush=True)
-        self.received.append(signum)
 
 
 # ---- evaluation and the printed lines
@@ -416,43 +167,6 @@ def state_turn(model, x, n_loop, ctx):
     return turns
 
 
-def fmt_time(s):
-    s = int(s)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
-
-
-PEAK_TFLOPS = {'H100': 989, 'H200': 989, 'A100': 312}  # dense bf16; elsewhere MFU reads n/a
-
-
-def peak_flops(device):
-    name = torch.cuda.get_device_name(device) if device.startswith('cuda') else ''
-    return next((t * 1e12 for gpu, t in PEAK_TFLOPS.items() if gpu in name), None)
-
-
-class Progress:
-    """The progress line: the means of the loss and ce_K since the last line, ms/step and tok/s of
-    the training steps alone (evaluations and saves are left out), MFU, and the ETA."""
-    def __init__(self, step, tokens, flops, peak):  # tokens: per optimizer step, every process
-        self.step_start = self.last_line = step
-        self.tokens, self.flops, self.peak = tokens, flops, peak
-        self.t_start = self.t_last = time.time()
-        self.losses, self.ces, self.skips = [], [], 0
-
-    def line(self, step, max_iters, h_norm, d='K', n_loop=None):
-        now = time.time()
-        dt = (now - self.t_last) / (step - self.last_line)
-        eta = (now - self.t_start) / (step - self.step_start) * (max_iters - step)
-        mean = lambda xs: f"{torch.stack(xs).mean().item():.4f}" if xs else 'skipped'
-        mfu = 'n/a' if not self.peak else f"{100 * self.tokens / dt * self.flops / self.peak:.1f}%"
-        line = (f"step {step}/{max_iters} | loss {mean(self.losses)} | "
-                + (f"r {n_loop} | " if d == 'r' else '') + f"ce_{d} {mean(self.ces)} | "
-                f"||h_{d}|| {h_norm:.1f} | {dt * 1000:.0f} ms/step | {self.tokens / dt:,.0f} tok/s"
-                f" | MFU {mfu} | ETA {fmt_time(eta)}"
-                + (f" | float16 steps skipped {self.skips}" if self.skips else ''))
-        self.t_last, self.last_line, self.losses, self.ces = now, step, [], []
-        return line
-
-
 # ---- what python -m lab.train changes (a design's model, depth, DDP note and logged values)
 
 class Hooks:
@@ -462,11 +176,8 @@ class Hooks:
     def model_config(self, args, vocab_size):
         return model_config(args, vocab_size)
 
-    def depth(self, model, seed, step):  # the loops a training step runs
-        return model.config.n_loop
-
-    def depth_label(self, config):  # how the progress line names that count
-        return 'K'
+    def depth(self, model, seed, step):  # the loops a training step runs (None: the model's K)
+        return None
 
     def unused_parameters(self, config):  # may a step leave a parameter without a gradient?
         return config.recurrence == 'normed' or config.readout == 'final_norm'
@@ -492,13 +203,7 @@ def setup(args, given, hooks):
     """Device, processes, data, model and optimizer (fresh or resumed), all checked before out_dir
     is written: bad input never harms an earlier run. Returns them as a namespace."""
     device, dtype, compile, ctx = resolve_device(args.device, args.dtype, args.compile)
-    rank, world = 0, 1
-    if 'RANK' in os.environ:  # torchrun: one process per GPU (NCCL), or per CPU share (gloo)
-        dist.init_process_group(backend='nccl' if device.startswith('cuda') else 'gloo')
-        if device.startswith('cuda'):
-            device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
-            torch.cuda.set_device(device)
-        rank, world = dist.get_rank(), dist.get_world_size()
+    device, rank, world = start_processes(device)  # under torchrun, one of several
     say = print if rank == 0 else (lambda *a, **k: None)
     say(f"device: {device} | dtype: {dtype} | compile: {compile}"
         + (' (auto: on for CUDA only)' if args.compile == 'auto' else '')
@@ -512,17 +217,9 @@ def setup(args, given, hooks):
         check_same_data(ckpt, data.meta, data.identity, os.path.join(args.out_dir, 'ckpt.pt'))
     GPT, config = hooks.model_config(args, data.meta['vocab_size'])
     global_batch = args.batch_size * micro_steps * world
-    if args.epochs is not None:
-        n, T = len(data.splits['train']), config.block_size
-        args.max_iters, windows = steps_from_epochs(args.epochs, n, T, global_batch)
-        say(f"{args.epochs:g} epochs x {windows:,} windows ({n:,} tokens in windows of {T} at "
-            f"stride {T // 2}) / {global_batch} per step = {args.max_iters:,} steps")
-    if args.decay_lr:  # nanoGPT's defaults: decay over the whole run to a tenth of the rate
-        args.lr_decay_iters = args.lr_decay_iters or args.max_iters
-        args.min_lr = args.learning_rate / 10 if args.min_lr is None else args.min_lr
-        if args.lr_decay_iters <= args.warmup_iters:
-            fail(f"--lr_decay_iters={args.lr_decay_iters} must be greater than "
-                 f"--warmup_iters={args.warmup_iters}: the decay starts after the warmup")
+    schedule = resolve_schedule(args, len(data.splits['train']), global_batch)  # epochs, decay
+    if schedule:
+        say(schedule)
     check_folder(args.out_dir, args.resume, args.overwrite)
     torch.manual_seed(args.seed)
     model = GPT(config).to(device)
@@ -536,26 +233,6 @@ def setup(args, given, hooks):
                               model=model, optimizer=optimizer, scaler=scaler)
 
 
-def restore(r):
-    """Weights, optimizer, scaler and random states from r.ckpt; where training stands."""
-    ckpt = r.ckpt
-    if list(ckpt['model']) != list(r.model.state_dict()):  # the optimizer state goes by order
-        raise ValueError("the checkpoint's parameters are in another order than this model's, so "
-                         "its optimizer state cannot be restored; start a new run")
-    r.model.load_state_dict(ckpt['model'])
-    r.optimizer.load_state_dict(ckpt['optimizer'])
-    if ckpt.get('scaler') and r.scaler.is_enabled():
-        r.scaler.load_state_dict(ckpt['scaler'])
-    torch.set_rng_state(ckpt['rng']['torch'].cpu())
-    r.data.gen.set_state(ckpt['rng']['batches'].cpu())
-    if r.rank > 0:  # only rank 0's batch order is saved; the others draw a fresh, distinct one
-        r.data.gen.manual_seed(r.args.seed + r.rank + 1000003 * ckpt['step'])
-    if ckpt['rng']['cuda'] is not None and r.device.startswith('cuda'):
-        torch.cuda.set_rng_state_all([s.cpu() for s in ckpt['rng']['cuda']])
-    r.say(f"resuming {r.args.out_dir} at step {ckpt['step']} (model config from the checkpoint)")
-    return ckpt['step'], ckpt['best_val_loss'], ckpt['last_eval_step'], ckpt.get('record')
-
-
 def save(r):
     """ckpt.pt: enough to continue exactly, and to sample without the data folder."""
     rng = {'torch': torch.get_rng_state(), 'batches': r.data.gen.get_state(),
@@ -567,22 +244,6 @@ def save(r):
             'step': r.step, 'best_val_loss': r.best_val_loss, 'last_eval_step': r.last_eval_step,
             'record': r.record, 'meta': r.data.meta, 'data': r.data.identity, 'rng': rng,
             'run_id': r.run_id}, r.step)
-
-
-def kept(out_dir):  # what a failure leaves behind, in words
-    return (f"the last good checkpoint in {out_dir} is kept" if
-            os.path.exists(os.path.join(out_dir, 'ckpt.pt')) else "no checkpoint was saved yet")
-
-
-def check_finite(losses, step, out_dir):
-    """Stop at a non-finite training loss, naming its step: one sync reads every loss since the
-    last check (a divergence is never saved)."""
-    values = torch.stack(losses).tolist() if losses else []
-    for i, v in enumerate(values):
-        if not math.isfinite(v):
-            fail(f"training loss is {v} at step {step - len(values) + 1 + i}; stopping, "
-                 f"{kept(out_dir)} (try a lower --learning_rate)")
-    losses.clear()
 
 
 def eval_record(r, hooks, val_batches, train_batches, t_start):
@@ -599,17 +260,6 @@ def eval_record(r, hooks, val_batches, train_batches, t_start):
             'hidden_norm': val_norm, 'elapsed_s': round(time.time() - t_start, 2),
             'turn': state_turn(r.raw_model, val_batches[0][0], 2 * K, r.ctx),
             **hooks.values(r.raw_model, val_batches[0], r.ctx)}
-
-
-def agree(r, lossf, cef, stop):
-    """Under torchrun every process must see the same loss and stop at the same step, or they
-    hang: one all-reduce a step (the loss, the last exit's cross-entropy, the stop flag)."""
-    if r.world == 1:
-        return lossf, cef, stop
-    flag = torch.tensor(float(stop), device=lossf.device)
-    shared = torch.stack([lossf.float(), cef.float(), flag])
-    dist.all_reduce(shared)
-    return shared[0] / r.world, shared[1] / r.world, shared[2].item() > 0
 
 
 def train(r, hooks, interrupts):
@@ -644,14 +294,14 @@ def train(r, hooks, interrupts):
         # ---- one optimizer step: micro_steps forward/backward passes, clip, AdamW
         for group in r.optimizer.param_groups:
             group['lr'] = get_lr(args, r.step)
-        n_loop = hooks.depth(r.raw_model, args.seed, r.step)  # K (a lab design may draw one)
+        drawn = hooks.depth(r.raw_model, args.seed, r.step)  # None: K (a lab design may draw one)
         lossf = cef = 0.0
         for micro in range(r.micro_steps):
             x, y = r.data.train_batch()
             if r.world > 1:  # all-reduce the gradients after the last micro-step only
                 model.require_backward_grad_sync = micro == r.micro_steps - 1
             with r.ctx:
-                _, loss, stats = model(x, y, n_loop=n_loop)
+                _, loss, stats = model(x, y, n_loop=drawn)
             r.scaler.scale(loss / r.micro_steps).backward()
             lossf = lossf + loss.detach() / r.micro_steps
             cef = cef + stats['ce'][-1] / r.micro_steps  # the last exit's, averaged as the loss
@@ -664,7 +314,7 @@ def train(r, hooks, interrupts):
         r.optimizer.zero_grad(set_to_none=True)
         r.step += 1
         # ---- the bookkeeping: processes agree, divergence stops, progress prints, Ctrl-C saves
-        lossf, cef, stop = agree(r, lossf, cef, bool(interrupts.received))
+        lossf, cef, stop = agree(r.world, lossf, cef, bool(interrupts.received))
         losses.append(lossf)  # a non-finite loss is a divergence, always
         if scale is not None and r.scaler.get_scale() < scale:  # the scaler skipped this step
             progress.skips += 1
@@ -675,8 +325,7 @@ def train(r, hooks, interrupts):
         if log_step or stop or r.world > 1:
             check_finite(losses, r.step, args.out_dir)
         if log_step:
-            say(progress.line(r.step, args.max_iters, stats['hidden_norm'][-1].item(),
-                              hooks.depth_label(r.config), n_loop))
+            say(progress.line(r.step, args.max_iters, stats['hidden_norm'][-1].item(), drawn))
         if stop:
             save(r)
             if r.world > 1:  # no process exits before the save: torchrun kills the rest
@@ -687,27 +336,18 @@ def train(r, hooks, interrupts):
     return progress.t_start
 
 
-def check_replicas(r):
-    """DDP's point: every process ends with rank 0's weights, compared tensor by tensor."""
-    differ = 0
-    for p in r.raw_model.parameters():
-        theirs = p.detach().clone()
-        dist.broadcast(theirs, src=0)
-        differ += int(not torch.equal(theirs, p.detach()))
-    differ = torch.tensor([differ], device=r.device)  # NCCL reduces GPU tensors only
-    dist.all_reduce(differ)
-    r.say(f"weights identical on all {r.world} processes: {differ.item() == 0} "
-          f"({len(list(r.raw_model.parameters()))} tensors compared with rank 0's)")
-
-
-def main(argv=None, parser=None, hooks=Hooks(), name=run_name):
+def main(argv=None, parser=None, hooks=Hooks(), name=None):
     """One run: python train.py's; lab/train.py passes its parser, hooks and run names."""
     args, given = parse_args(argv, parser, name), given_flags(argv)
     try:  # a bad device, config, dataset or run folder: one line
         r = setup(args, given, hooks)
         r.step, r.best_val_loss, r.last_eval_step, r.record = 0, float('inf'), -1, None
         if r.ckpt is not None:
-            r.step, r.best_val_loss, r.last_eval_step, r.record = restore(r)
+            r.step, r.best_val_loss, r.last_eval_step, r.record = restore(
+                r.ckpt, r.model, r.optimizer, r.scaler, r.data.gen, r.device)
+            if r.rank > 0:  # only rank 0's batch order is saved; the others draw a fresh one
+                r.data.gen.manual_seed(args.seed + r.rank + 1000003 * r.step)
+            r.say(f"resuming {args.out_dir} at step {r.step} (model config from the checkpoint)")
         for group in r.optimizer.param_groups:  # the learning rate is a flag: the command line wins
             group['lr'] = args.learning_rate
     except ValueError as e:
@@ -744,21 +384,16 @@ def main(argv=None, parser=None, hooks=Hooks(), name=run_name):
                 return
             t_start = train(r, hooks, interrupts)
         if r.world > 1:
-            check_replicas(r)
-        last = r.record
+            check_replicas(r.raw_model, r.world, r.device, r.say)
+        K, last = c.n_loop, r.record
         r.say(f"done: {r.step} steps in {fmt_time(time.time() - t_start)}; final ||h_K|| "
-              f"{last['hidden_norm'][c.n_loop - 1]:.1f}, val loss "
-              f"{last['val_loss'][c.n_loop - 1]:.4f}; "
+              f"{last['hidden_norm'][K - 1]:.1f}, val loss {last['val_loss'][K - 1]:.4f}; "
               f"log {os.path.join(args.out_dir, 'log.jsonl')}")
         ok = True
     except ValueError as e:  # the run folder's one-line errors
         fail(e)
     finally:
-        if dist.is_initialized():  # leave the process group, after the others when all went well
-            if ok:
-                dist.barrier()
-            dist.destroy_process_group()
-            time.sleep(0.05)  # gloo's threads need the GIL a moment to let go of their tensors
+        end_processes(ok)
 
 
 if __name__ == '__main__':

@@ -14,6 +14,7 @@ ones, each trained as a child that is passed a Ctrl-C, so it saves before the li
 
 import glob
 import json
+import math
 import os
 import signal
 import subprocess
@@ -23,6 +24,7 @@ import time
 import torch
 
 from data.common import write_atomically
+from data.flags import LAB
 
 FILES = ('log.jsonl', 'ckpt.pt', 'log.jsonl.tmp', 'ckpt.pt.tmp')
 
@@ -75,6 +77,63 @@ def resume_checkpoint(out_dir, device):
     raise ValueError(f"no checkpoint at {path}: --resume looked in {out_dir}, the folder these "
                      "flags name; give the run's own flags or --out_dir=FOLDER"
                      + (f"; runs there: {', '.join(runs[:4])}" if runs else ''))
+
+
+def resume_args(args, given, device, model_fields):
+    """The checkpoint that --resume continues, with args made to describe it: its model (a model
+    flag typed with another value is an error), its data, seed and schedule unless typed."""
+    path = os.path.join(args.out_dir, 'ckpt.pt')
+    ckpt = resume_checkpoint(args.out_dir, device)
+    other = set(ckpt['config']) - {f.name for f in model_fields}
+    if other:  # a design's fields
+        raise ValueError(f"{path} was trained with a design ({', '.join(sorted(other))}); resume "
+                         f"it with {LAB}")
+    for name in ('dataset', 'seed', 'learning_rate', 'warmup_iters', 'decay_lr', 'lr_decay_iters',
+                 'min_lr'):
+        if name not in given:
+            setattr(args, name, ckpt['args'].get(name, getattr(args, name)))
+    saved = {**{f.name: f.default for f in model_fields}, **ckpt['config']}
+    for f in model_fields:
+        if f.name in given and getattr(args, f.name) != saved[f.name]:
+            raise ValueError(f"--{f.name}={getattr(args, f.name)} differs from the checkpoint's "
+                             f"{saved[f.name]}; a resumed run keeps its model (drop the flag, or "
+                             "start a new run elsewhere)")
+        if f.name != 'vocab_size':
+            setattr(args, f.name, saved[f.name])
+    return ckpt
+
+
+def restore(ckpt, model, optimizer, scaler, gen, device):
+    """Weights, optimizer, scaler and random states from a checkpoint; where training stands:
+    (step, best validation loss, last evaluated step, last log record)."""
+    if list(ckpt['model']) != list(model.state_dict()):  # the optimizer state goes by order
+        raise ValueError("the checkpoint's parameters are in another order than this model's, so "
+                         "its optimizer state cannot be restored; start a new run")
+    model.load_state_dict(ckpt['model'])
+    optimizer.load_state_dict(ckpt['optimizer'])
+    if ckpt.get('scaler') and scaler.is_enabled():
+        scaler.load_state_dict(ckpt['scaler'])
+    torch.set_rng_state(ckpt['rng']['torch'].cpu())
+    gen.set_state(ckpt['rng']['batches'].cpu())
+    if ckpt['rng']['cuda'] is not None and device.startswith('cuda'):
+        torch.cuda.set_rng_state_all([s.cpu() for s in ckpt['rng']['cuda']])
+    return ckpt['step'], ckpt['best_val_loss'], ckpt['last_eval_step'], ckpt.get('record')
+
+
+def kept(out_dir):  # what a failure leaves behind, in words
+    return (f"the last good checkpoint in {out_dir} is kept" if
+            os.path.exists(os.path.join(out_dir, 'ckpt.pt')) else "no checkpoint was saved yet")
+
+
+def check_finite(losses, step, out_dir):
+    """Stop at a non-finite training loss, naming its step: one sync reads every loss since the
+    last check (a divergence is never saved)."""
+    values = torch.stack(losses).tolist() if losses else []
+    for i, v in enumerate(values):
+        if not math.isfinite(v):
+            raise ValueError(f"training loss is {v} at step {step - len(values) + 1 + i}; "
+                             f"stopping, {kept(out_dir)} (try a lower --learning_rate)")
+    losses.clear()
 
 
 def start_log(out_dir, overwrite, ckpt, header):

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-import train
+from data import system
 
 
 @dataclass
@@ -64,10 +64,10 @@ def synchronize(device_type):
 
 
 def resolve_device(device='auto', dtype='auto', compile='auto'):
-    """train.py's choice of device, dtype and compile (its resolve_device: 'auto' is CUDA, else MPS, else CPU;
+    """train.py's choice of device, dtype and compile (data/system.py's resolve_device: 'auto' is CUDA, else MPS, else CPU;
     bf16 on a GPU that has it, else float16; compile on CUDA only), as a Runtime. ValueError in one line for a
     device this machine does not have, or float16 off CUDA."""
-    device, dtype, compile, ctx = train.resolve_device(device, dtype, compile)
+    device, dtype, compile, ctx = system.resolve_device(device, dtype, compile)
     return Runtime(device, torch.device(device).type, dtype, bool(compile), ctx)
 
 

@@ -53,12 +53,9 @@ class Designs(train.Hooks):
     def model_config(self, args, vocab_size):
         return model_config(args, vocab_size)
 
-    def depth(self, model, seed, step):
-        return model.sampled_depth(seed, step) if isinstance(model, DesignedGPT) else \
-            super().depth(model, seed, step)
-
-    def depth_label(self, config):  # r: this step's drawn count, under --depth_sampling
-        return 'K' if getattr(config, 'depth_sampling', 'fixed') == 'fixed' else 'r'
+    def depth(self, model, seed, step):  # r, this step's drawn count, under --depth_sampling
+        sampled = getattr(model.config, 'depth_sampling', 'fixed') != 'fixed'
+        return model.sampled_depth(seed, step) if sampled else super().depth(model, seed, step)
 
     def unused_parameters(self, config):
         return config.may_leave_parameters_unused() if isinstance(config, DesignConfig) else \

@@ -472,13 +472,12 @@ def test_parameters_are_registered_in_the_order_the_committed_runs_trained_in():
 def test_a_checkpoint_whose_parameters_are_in_another_order_is_refused_on_resume():
     """Its optimizer state, saved by position, would land on the wrong parameters: one line, not a silent resume."""
     from collections import OrderedDict
-    from types import SimpleNamespace
     import train as handout
     model = tiny(n_prelude=1)
     state = model.state_dict()
     shuffled = OrderedDict(reversed(list(state.items())))
     with pytest.raises(ValueError, match='another order'):
-        handout.restore(SimpleNamespace(ckpt={'model': shuffled}, model=model))
+        handout.restore({'model': shuffled}, model, None, None, None, 'cpu')
 
 
 def test_the_jacobian_penalty_keeps_the_norm_penalty():

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import train
+from data import flags as data_flags
 from looped import LoopedGPT
 from conftest import ROOT
 from lab import configs, runtime
@@ -239,7 +240,7 @@ def test_the_progress_lines_clock_tokens_and_eta_by_hand(monkeypatch):
     assert '300 ms/step' in line and 'ETA 0m12s' in line  # 10 s for 40 steps, 50 to go: 12.5 s
     progress.skips, progress.losses, progress.ces = 2, [], []
     clock.now += 1.0
-    assert progress.line(51, 100, 2.0, 'r', 3).startswith('step 51/100 | loss skipped | r 3 | ce_r skipped')
+    assert progress.line(51, 100, 2.0, 3).startswith('step 51/100 | loss skipped | r 3 | ce_r skipped')
 
 
 def test_an_evaluation_weighs_a_short_last_batch_by_its_size():
@@ -293,7 +294,7 @@ def test_every_nanogpt_flag_in_the_usage_table_gets_its_one_line():
 
 def test_every_boolean_flag_accepts_the_bare_form():
     parser = train.get_parser()
-    booleans = [a.dest for a in parser._actions if a.type in (train.boolean, train.auto_or_boolean)]
+    booleans = [a.dest for a in parser._actions if a.type in (data_flags.boolean, data_flags.auto_or_boolean)]
     assert {'resume', 'overwrite', 'compile', 'tie_weights', 'decay_lr'} <= set(booleans)
     for name in booleans:
         assert getattr(train.parse_args([f'--{name}']), name) is True, name
