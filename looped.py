@@ -262,7 +262,7 @@ class LoopedGPT(nn.Module):
 
     def head_loss(self, x, targets, reduction='mean'):
         """The LM head on x = exit_input(h_k, k) (B, T, C) and its float32 cross-entropy: (logits
-        (B, T, V), loss). train.py compiles it on a GPU: no float32 logits are kept."""
+        (B, T, V), loss). Compiled (--compile), no float32 logits are ever kept."""
         logits = self.lm_head(x)                                      # (B, T, V)
         loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1,
                                reduction=reduction)

@@ -125,7 +125,7 @@ def get_lr(args, step):
     nanoGPT's cosine down to min_lr (--decay_lr); the step alone decides it (a resume continues)."""
     lr, warmup = args.learning_rate, args.warmup_iters
     if step < warmup:
-        return lr * ((step + 1) / warmup)  # this repository's ramp, bit for bit as committed runs
+        return lr * ((step + 1) / warmup)  # nanoGPT's: / (warmup + 1); kept for committed runs
     if not args.decay_lr:
         return lr
     if step > args.lr_decay_iters:
@@ -211,13 +211,15 @@ def setup(args, given, hooks):
     if args.grad_accum is not None and args.grad_accum % world:
         fail(f"--grad_accum={args.grad_accum} is not a multiple of the {world} processes")
     micro_steps = 1 if args.grad_accum is None else args.grad_accum // world
+    # --resume: args take the checkpoint's model, data, seed and schedule (a clash is refused)
     ckpt = resume_args(args, given, device, fields(hooks.Config)) if args.resume else None
     data = Data(args.dataset, args.block_size, args.batch_size, device, args.seed + rank)
     if ckpt is not None:  # a resumed run continues on the data it was trained on: checked
         check_same_data(ckpt, data.meta, data.identity, os.path.join(args.out_dir, 'ckpt.pt'))
     GPT, config = hooks.model_config(args, data.meta['vocab_size'])
     global_batch = args.batch_size * micro_steps * world
-    schedule = resolve_schedule(args, len(data.splits['train']), global_batch)  # epochs, decay
+    # sets args.max_iters under --epochs, and lr_decay_iters and min_lr under --decay_lr
+    schedule = resolve_schedule(args, len(data.splits['train']), global_batch)
     if schedule:
         say(schedule)
     check_folder(args.out_dir, args.resume, args.overwrite)
@@ -348,8 +350,6 @@ def main(argv=None, parser=None, hooks=Hooks(), name=None):
             if r.rank > 0:  # only rank 0's batch order is saved; the others draw a fresh one
                 r.data.gen.manual_seed(args.seed + r.rank + 1000003 * r.step)
             r.say(f"resuming {args.out_dir} at step {r.step} (model config from the checkpoint)")
-        for group in r.optimizer.param_groups:  # the learning rate is a flag: the command line wins
-            group['lr'] = args.learning_rate
     except ValueError as e:
         fail(e)
     r.raw_model = r.model  # the plain module, for checkpoints and evaluation
