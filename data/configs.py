@@ -4,7 +4,7 @@ replace train.py's defaults, unless a flag typed on the command line gives its o
 """
 
 CONFIGS = {  # --config=NAME: {flag: value}
-    'laptop': {},  # the defaults: a 2-core CPU trains it in about 3 minutes and sees the blind spot
+    'laptop': {},  # the defaults: a 2-core CPU trains it in about 2 minutes and sees the blind spot
     'laptop_long': dict(n_embd=64, max_iters=2000, eval_iters=4, log_interval=100),
     'laptop_deep': dict(n_layer=4, max_iters=1500, eval_iters=4, log_interval=100,
                         learning_rate=1e-3),
