@@ -9,15 +9,15 @@ loop train.py, at the repository's root; the tools here run from the root as `py
                    from plot_norms.py's run folders (python -m lab.paper)
     designs        the field's looped designs, an extension of looped.py's model: DesignConfig, DesignedGPT, and
                    their train.py flags (add_design_flags; any of them on, train.py trains DesignedGPT)
-    configs        the named configurations of train.py --config; its parser (FlagParser) and the checks of its
-                   training flags; the variant fields that name runs
+    configs        the variant fields that name runs and conditions (train.py's named configurations and
+                   nanoGPT's habits, from data/, read here under the lab's names)
     engine         generation: the KV cache per layer and loop, per-sequence early exit, the exit rules
-    runs           the run folder (log, checkpoint, lock, resume), loading a checkpoint, the names of runs
-    runtime        device, dtype and compile (resolve_device), MFU, the torchrun process group
+    runs           the lock a grid's worker holds on a run folder, loading a checkpoint, the names of runs
+    runtime        device, dtype and compile for the lab's tools (resolve_device), MFU, timing
     grid           the grids of conditions, training them, reading their logs
     stats          paired statistics across seeds
     report         the tables, CSV files and figures every tool writes, their shared flags and one-line errors;
-                   train.py's eval and progress lines
+                   what a design learned, in train.py's log and eval line
     diagnose       measurements of a trained model (python -m lab.diagnose)
     matched_depth  the exit rules at matched depth (python -m lab.matched_depth)
     atlas          the field's designs under rmsnorm and raw (python -m lab.atlas)
