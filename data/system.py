@@ -1,7 +1,7 @@
 """
 The system a run trains on, for train.py: the device and dtype, the processes torchrun starts,
-the signals that save a run (Ctrl-C, SIGTERM), and the progress line's speed and ETA. Nothing here
-knows the model: train.py's loop calls these where it needs them.
+what torch.compile compiles, the signals that save a run (Ctrl-C, SIGTERM), and the progress
+line's speed and ETA. train.py's loop calls these where it needs them.
 """
 
 import os
