@@ -11,7 +11,8 @@ One GPU (bf16 or float16, torch.compile), continuing a run, nanoGPT's cosine, se
     python train.py --resume --max_iters=1200
     python train.py --decay_lr --warmup_iters=50
     torchrun --standalone --nproc_per_node=2 train.py --device=cpu
-The field's other designs (lab/designs.py) train through this file: python -m lab.train <flags>.
+Beside the loop, data/ holds the parser's plumbing, the batches, the device and the run folder;
+the field's other designs train through this file with python -m lab.train <flags>.
 """
 
 import argparse
@@ -64,8 +65,7 @@ def get_parser(prog='train.py'):
     add('--norm_eps', type=float, default=1e-6, help="every RMSNorm's epsilon (the authors')")
     # optimization: AdamW, a constant learning rate (as the paper) unless --decay_lr
     add('--batch_size', type=int, default=16, help='sequences per micro-step (per process)')
-    add('--grad_accum', type=int, help='micro-steps per optimizer step over all processes '
-        '(unset: one per process)')
+    add('--grad_accum', type=int, help='micro-steps a step, all processes together (unset: 1 each)')
     add('--max_iters', type=int, default=500, help='training steps in all (a resume continues)')
     add('--epochs', type=float, help='epochs instead of --max_iters (windows of block_size at '
         'stride block_size/2, as the authors count); unset: --max_iters')
