@@ -219,9 +219,7 @@ def setup(args, given, hooks):
     GPT, config = hooks.model_config(args, data.meta['vocab_size'])
     global_batch = args.batch_size * micro_steps * world
     # sets args.max_iters under --epochs, and lr_decay_iters and min_lr under --decay_lr
-    schedule = resolve_schedule(args, len(data.splits['train']), global_batch)
-    if schedule:
-        say(schedule)
+    resolve_schedule(args, len(data.splits['train']), config.block_size, global_batch, say)
     check_folder(args.out_dir, args.resume, args.overwrite)
     torch.manual_seed(args.seed)
     model = GPT(config).to(device)

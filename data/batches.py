@@ -53,16 +53,14 @@ def steps_from_epochs(epochs, n_tokens, block_size, global_batch):
     return math.ceil(epochs * windows / global_batch), windows
 
 
-def resolve_schedule(args, n_tokens, global_batch):
-    """Writes into args the steps that --epochs asks for and --decay_lr's defaults (nanoGPT's:
-    over the whole run, to a tenth of the rate); returns how epochs became steps, in words, or
-    None. ValueError for a decay that would end before the warmup does."""
-    said = None
+def resolve_schedule(args, n_tokens, T, global_batch, say):
+    """Writes into args the steps that --epochs asks for (and says how epochs became steps, for
+    n_tokens training tokens in windows of T) and --decay_lr's defaults (nanoGPT's: over the whole
+    run, to a tenth of the rate). ValueError for a decay that would end before the warmup does."""
     if args.epochs is not None:
-        T = args.block_size
         args.max_iters, windows = steps_from_epochs(args.epochs, n_tokens, T, global_batch)
-        said = (f"{args.epochs:g} epochs x {windows:,} windows ({n_tokens:,} tokens in windows of "
-                f"{T} at stride {T // 2}) / {global_batch} per step = {args.max_iters:,} steps")
+        say(f"{args.epochs:g} epochs x {windows:,} windows ({n_tokens:,} tokens in windows of {T} "
+            f"at stride {T // 2}) / {global_batch} per step = {args.max_iters:,} steps")
     if args.decay_lr:
         args.lr_decay_iters = args.lr_decay_iters or args.max_iters
         args.min_lr = args.learning_rate / 10 if args.min_lr is None else args.min_lr
@@ -70,4 +68,3 @@ def resolve_schedule(args, n_tokens, global_batch):
             raise ValueError(f"--lr_decay_iters={args.lr_decay_iters} must be greater than "
                              f"--warmup_iters={args.warmup_iters}: the decay starts after the "
                              "warmup")
-    return said
