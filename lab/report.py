@@ -140,7 +140,8 @@ def write_outputs(fig_dir, text, figures):
     for name, draw in figures.items():
         draw(os.path.join(fig_dir, name))
     written = [os.path.join(fig_dir, 'table.md'), *figures]
-    print(text + f"wrote {', '.join(written[:-1])} and {written[-1]}")
+    names = f"{', '.join(written[:-1])} and {written[-1]}" if len(written) > 1 else written[0]
+    print(text + f"wrote {names}")
 
 
 def at_least(p, flag, value, least, why=''):
