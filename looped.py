@@ -20,10 +20,9 @@ the residual loop keeps carrying, and growing, that scale. The fields that expos
     supervision   per_loop | terminal   the mean of the K cross-entropies, or the last one alone
     norm_penalty  lambda                adds lambda * mean_k mean(h_k^2)
 
-The rest is the shape (vocab_size, block_size, n_embd, n_head, n_layer, n_loop, dropout) and two
-choices that leave the idea alone (tie_weights, norm_eps). LoopedGPT.loops is where the loop runs.
-lab/designs.py extends this model with the other looped LMs' designs by overriding the methods
-whose docstrings say "A seam"; lab/engine.py adds a KV cache to generate.
+The rest is the shape and two choices that leave the idea alone (tie_weights, norm_eps).
+LoopedGPT.loops is where the loop runs; lab/designs.py extends it by overriding the methods whose
+docstrings say "A seam", and lab/engine.py adds a KV cache to generate.
 """
 
 import math
@@ -129,8 +128,8 @@ class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
         hidden = 4 * config.n_embd
-        self.c_fc = nn.Linear(config.n_embd, hidden, bias=False)  # W1, the branch through silu
-        # W3, the branch silu(W1 x) multiplies (most code's up_proj; checkpoints keep this name)
+        self.c_fc = nn.Linear(config.n_embd, hidden, bias=False)  # W1: silu(W1 x) is the gate
+        # W3, the linear branch the gate multiplies (up_proj elsewhere; an old name, kept)
         self.c_gate = nn.Linear(config.n_embd, hidden, bias=False)
         self.c_proj = nn.Linear(hidden, config.n_embd, bias=False)
         self.drop = nn.Dropout(config.dropout)
@@ -175,7 +174,7 @@ class AlphaNorm(nn.Module):
     def forward(self, h):
         """h (..., C) -> s_ref^(1 - alpha) * s^alpha * h / s, s = RMS(h) per token (>= eps)."""
         hf = h.to(torch.promote_types(h.dtype, torch.float32))       # at least fp32, as in RMSNorm
-        s = hf.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(self.eps)  # (..., 1): per-token RMS
+        s = hf.pow(2).mean(-1, keepdim=True).clamp_min(self.eps ** 2).sqrt()  # (..., 1): RMS >= eps
         # s_ref^(1-a) * s^a * h / s == h * (s_ref / s)^(1-a): so alpha = 1 returns h exactly
         return (hf * torch.exp((1 - self.alpha()) * (self.log_s_ref - s.log()))).type_as(h)
 
@@ -260,10 +259,14 @@ class LoopedGPT(nn.Module):
         """What the LM head reads of h_k (B, T, C) at loop k: the readout. A seam."""
         return self.readout(h, k)
 
-    def head_loss(self, x, targets, reduction='mean'):
-        """The LM head on x = exit_input(h_k, k) (B, T, C) and its float32 cross-entropy: (logits
-        (B, T, V), loss). Compiled (--compile), no float32 logits are ever kept."""
+    def head_loss(self, x, targets=None, reduction='mean'):
+        """The LM head on x = exit_input(h_k, k) (B, T, C): the one place a state becomes logits
+        (B, T, V), which training, evaluation and generate all call. With targets (B, T), also
+        their cross-entropy in float32 (else None). Compiled (--compile), the float32 copy is
+        fused into the loss and never stored; uncompiled, it is a temporary."""
         logits = self.lm_head(x)                                      # (B, T, V)
+        if targets is None:
+            return logits, None
         loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1,
                                reduction=reduction)
         return logits, loss
@@ -317,7 +320,7 @@ class LoopedGPT(nn.Module):
                                              for h in states]),  # ||h_k||, before any norm
                  'ce': torch.stack([ce.detach().mean() for ce in ces]) if ces else None}
         if targets is None:  # only the next token is needed: the head on the last position
-            return self.lm_head(self.exit_input(h, K)[:, -1:, :]), None, stats
+            return self.head_loss(self.exit_input(h, K)[:, -1:, :])[0], None, stats
         return logits, self.training_loss(ces, states), stats
 
     def flops_per_token(self):
@@ -336,19 +339,56 @@ class LoopedGPT(nn.Module):
                                  lr=learning_rate, fused=(device_type == 'cuda'))
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, n_loop=None):
-        """Append max_new_tokens sampled tokens to idx (B, T), each from the whole window rerun
-        through n_loop loops. The window holds the last block_size tokens and, once full, restarts
-        from its newest half: the rule a KV cache can keep (lab/engine.py), so both agree."""
-        block = self.config.block_size
-        start = max(0, idx.size(1) - block)
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, n_loop=None,
+                 exit_rule=None, exit_threshold=None, return_depths=False):
+        """Append max_new_tokens sampled tokens to idx (B, T), each from its window run through
+        n_loop loops (the trained K unless set), or up to the first whose exit rule passes. The
+        window holds the last block_size tokens and, once full, restarts from its newest half:
+        the rule a KV cache can keep (lab/engine.py). return_depths: also each token's exit loop."""
+        K, block = n_loop or self.config.n_loop, self.config.block_size
+        start, depths = max(0, idx.size(1) - block), []
         for _ in range(max_new_tokens):
-            if idx.size(1) - start > block:
+            if idx.size(1) - start > block:  # a full window restarts from its newest half
                 start = idx.size(1) - block // 2
-            logits, _, _ = self(idx[:, start:], n_loop=n_loop)        # (B, 1, V)
-            logp = F.log_softmax(logits[:, -1, :].float(), dim=-1)    # (B, V)
+            if exit_rule is None:  # every loop, through forward, as nanoGPT's generate
+                logits, _, _ = self(idx[:, start:], n_loop=K)             # (B, 1, V)
+                logp = F.log_softmax(logits[:, -1].float(), dim=-1)       # (B, V)
+                depth = torch.full_like(idx[:, 0], K)                     # (B,)
+            else:
+                logp, depth = self.exit_early(idx[:, start:], K, exit_rule, exit_threshold)
+            depths.append(depth)
             idx = torch.cat((idx, sample(logp, temperature, top_k)), dim=1)
-        return idx
+        if not return_depths:
+            return idx
+        return idx, torch.stack(depths, 1) if depths else idx.new_zeros(idx.size(0), 0)
+
+    def exit_early(self, idx, n_loop, rule, t):
+        """The next token's log-probabilities (B, V) from idx (B, T), each row's from the first loop
+        whose rule passes at threshold t (the last loop always does), and that loop (B,). Rules:
+        top probability >= t (confidence), KL(p_k || p_k-1) <= t (kl), the last position's
+        relative change ||z_k - z_k-1|| / ||z_k-1|| <= t (latent)."""
+        e = self.embed(idx)                                           # h_0: (B, T, C)
+        depth = torch.zeros_like(idx[:, 0])                           # (B,): 0 until a row exits
+        logp, logp_prev, z_prev = None, None, e[:, -1].float()
+        for k, h in self.loops(e, n_loop):                            # h_k: (B, T, C)
+            logits, _ = self.head_loss(self.exit_input(h, k)[:, -1:])  # (B, 1, V)
+            logp_k = F.log_softmax(logits[:, -1].float(), dim=-1)     # (B, V)
+            z = h[:, -1].float()                                      # (B, C): the last position
+            passes = k == n_loop
+            if rule == 'confidence':
+                passes = passes | (logp_k.max(dim=-1).values.exp() >= t)
+            elif rule == 'latent':
+                change = (z - z_prev).norm(dim=-1) / z_prev.norm(dim=-1).clamp_min(1e-12)
+                passes = passes | (change <= t)
+            elif rule == 'kl' and k > 1:
+                passes = passes | ((logp_k.exp() * (logp_k - logp_prev)).sum(dim=-1) <= t)
+            stops = (depth == 0) & passes                             # (B,): rows exiting here
+            logp = logp_k if logp is None else torch.where(stops[:, None], logp_k, logp)
+            depth[stops] = k
+            if (depth > 0).all():
+                break
+            logp_prev, z_prev = logp_k, z
+        return logp, depth
 
 
 def sample(logp, temperature=1.0, top_k=None):

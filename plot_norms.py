@@ -24,7 +24,7 @@ import matplotlib
 import numpy as np
 
 from data.common import check_writable, write_atomically
-from data.run_folder import LogError, read_log, run_folders, train_runs
+from plumbing.logs import LogError, read_log, run_folders, train_runs
 
 matplotlib.use('Agg')  # files only, no display needed
 import matplotlib.pyplot as plt  # noqa: E402 (after the backend is chosen)

@@ -1,6 +1,13 @@
-"""nanoGPT's sample.py, with loops; it needs only looped.py (the checkpoint holds the vocabulary).
+"""
+nanoGPT's sample.py, with loops: it generates through looped.py's own generate (the checkpoint
+holds the vocabulary), each token running its loops up to the first whose --exit rule passes.
+
+    python sample.py --out_dir=out/laptop
     python sample.py --out_dir=out/laptop --n_loop=8 --exit=latent --exit_threshold=0.2 --show_depth
-Each token runs its loops up to the first whose --exit rule passes. Designs: python -m lab.sample"""
+
+A design's run samples with python -m lab.sample (a KV cache, and the learned exit gate).
+"""
+
 import argparse
 import math
 import os
@@ -9,42 +16,37 @@ import sys
 from dataclasses import fields
 
 import torch
-import torch.nn.functional as F
 
-from looped import CHOICES, LoopedConfig, LoopedGPT, sample
+from data.common import InputError
+from looped import CHOICES, LoopedConfig, LoopedGPT
+from plumbing.run import load_checkpoint, load_weights
 
+# a design's fields at their defaults (lab/designs.py): a run with one of them set is the lab's
 DEFAULTS = {'gate_input': 'raw', 'gate_beta': 0.1, 'init': 'paper', 'mlp': 'swiglu',
             'block': 'prenorm', 'depth_sampling': 'fixed', 'attention': 'sdpa'}
 
+
 def load_model(out_dir, device='cpu'):
-    """(looped.py's LoopedGPT in eval mode, the checkpoint) from out_dir/ckpt.pt, or ValueError."""
+    """(looped.py's LoopedGPT in eval mode, the checkpoint) from out_dir/ckpt.pt; InputError in one
+    line for a missing, unsafe or unreadable checkpoint, or one the model no longer fits."""
     path = os.path.join(out_dir, 'ckpt.pt') if os.path.isdir(out_dir) else out_dir
-    if not os.path.exists(path):
-        raise ValueError(f"no checkpoint at {path}")
-    try:  # weights_only: tensors and plain data only, so a checkpoint can never run code here
-        ckpt = torch.load(path, map_location=device, weights_only=True)
-    except Exception as e:
-        if 'Unsupported global' in str(e) or 'GLOBAL ' in str(e):  # it names a class to build
-            raise ValueError(f"checkpoint {path} holds objects other than tensors and plain data; "
-                             "refused, since loading it could run code") from None
-        raise ValueError(f"checkpoint {path} is unreadable (truncated or corrupt?): "
-                         f"{type(e).__name__}") from None
-    if not isinstance(ckpt, dict) or {'model', 'config', 'step', 'meta'} - set(ckpt):
-        raise ValueError(f"{path} is not a checkpoint that train.py wrote")
+    ckpt = load_checkpoint(path, device)  # weights_only: a checkpoint can never run code here
+    if 'meta' not in ckpt:
+        raise InputError(f"{path} holds no vocabulary (meta): not a checkpoint train.py wrote")
     cfg, paper = ckpt['config'], [f.name for f in fields(LoopedConfig)]
     extra = [k for k in cfg if k not in paper]
     if extra:  # a design's run: name its fields off their defaults (lab/designs.py), gated, damped
         named = [f"{k}={cfg[k]!r}" for k in extra if cfg[k] not in (0, 'none', DEFAULTS.get(k))]
         named += [f"{k}={cfg[k]!r}" for k, allowed in CHOICES.items() if cfg.get(k) not in allowed]
-        raise ValueError(f"{out_dir} was trained with a design ({', '.join(named)}); sample it "
+        raise InputError(f"{out_dir} was trained with a design ({', '.join(named)}); sample it "
                          f"with python -m lab.sample --out_dir={out_dir}")
     try:
-        model = LoopedGPT(LoopedConfig(**{k: v for k, v in cfg.items() if k in paper}))
-        model.load_state_dict(ckpt['model'])
-    except (ValueError, RuntimeError) as e:  # an invalid config, or weights of another shape
-        raise ValueError(f"checkpoint {path}: its weights do not fit its own config "
-                         f"({type(e).__name__}: {str(e).strip().splitlines()[0][:150]})") from None
+        model = LoopedGPT(LoopedConfig(**cfg))
+    except ValueError as e:  # a config LoopedConfig's checks refuse
+        raise InputError(f"checkpoint {path}: its config is not valid here ({e})") from None
+    load_weights(model, ckpt['model'], path)
     return model.to(device).eval(), ckpt
+
 
 def get_codec(meta):
     """encode(str) -> list of ids and decode(list) -> str, from the vocabulary in the checkpoint."""
@@ -53,7 +55,7 @@ def get_codec(meta):
         try:
             enc = tiktoken.get_encoding('gpt2')
         except Exception as e:  # no network and no cache: one line that says how to fix it
-            raise ValueError(f"tiktoken cannot load the GPT-2 BPE ({type(e).__name__}); set "
+            raise InputError(f"tiktoken cannot load the GPT-2 BPE ({type(e).__name__}); set "
                              "TIKTOKEN_CACHE_DIR to a folder holding its gpt2 files") from None
         return (lambda s: enc.encode(s, allowed_special={'<|endoftext|>'})), enc.decode
     itos = [meta['itos'][i] for i in range(len(meta['itos']))]  # a list, or nanoGPT's {id: char}
@@ -64,45 +66,19 @@ def get_codec(meta):
             return [stoi.get(tok, 0) for tok in re.findall(meta['pattern'], s)]
         unknown = sorted(set(s) - set(stoi))  # characters the model never saw: say which
         if unknown:
-            raise ValueError(f"the start text has characters outside the vocabulary: {unknown!r}")
+            raise InputError(f"the start text has characters outside the vocabulary: {unknown!r}")
         return [stoi[c] for c in s]
     return encode, lambda ids: ''.join(itos[i] for i in ids)
 
-@torch.no_grad()
-def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, n_loop=None,
-             exit_rule=None, exit_threshold=None):
-    """idx (B, T) and max_new_tokens more, each from its window's loops up to the first whose exit
-    rule passes (or n_loop), and the loop each new one exited at (B, max_new_tokens)."""
-    K, block, t = n_loop or model.config.n_loop, model.config.block_size, exit_threshold
-    start, depths = max(0, idx.size(1) - block), []
-    for _ in range(max_new_tokens):
-        if idx.size(1) - start > block:  # a full window restarts from its newest half
-            start = idx.size(1) - block // 2
-        e = model.embed(idx[:, start:])                               # h_0: (B, T, C)
-        depth, logp, logp_prev, z_prev = torch.zeros_like(idx[:, 0]), None, None, e[:, -1].float()
-        for k, h in model.loops(e, K):                                # h_k: (B, T, C)
-            x = model.exit_input(h[:, -1:], k)[:, -1]                 # (B, C): the last position
-            logp_k, z = F.log_softmax(model.lm_head(x).float(), dim=-1), h[:, -1].float()
-            passes = k == K  # the rules: the top probability reaches t, the state's relative
-            if exit_rule == 'confidence':  # change falls to it, or KL(p_k || p_k-1) does
-                passes = passes | (logp_k.max(dim=-1).values.exp() >= t)
-            elif exit_rule == 'latent':
-                change = (z - z_prev).norm(dim=-1) / z_prev.norm(dim=-1).clamp_min(1e-12)
-                passes = passes | (change <= t)
-            elif exit_rule == 'kl' and k > 1:  # not at loop 1: no loop before it
-                passes = passes | ((logp_k.exp() * (logp_k - logp_prev)).sum(dim=-1) <= t)
-            stops = (depth == 0) & passes                             # (B,): rows exiting here
-            logp = logp_k if logp is None else torch.where(stops[:, None], logp_k, logp)
-            depth[stops] = k
-            if (depth > 0).all():
-                break
-            logp_prev, z_prev = logp_k, z
-        depths.append(depth)
-        idx = torch.cat((idx, sample(logp, temperature, top_k)), dim=1)
-    return idx, torch.stack(depths, 1) if depths else idx.new_zeros(idx.size(0), 0)
+
+def generate(model, idx, *args, **kwargs):
+    """looped.py's generate, which holds the exit rules, with the loop each new token exited at."""
+    return model.generate(idx, *args, return_depths=True, **kwargs)
+
 
 PALETTE = (46, 154, 226, 214, 208, 196, 199, 201, 129, 93)  # 256-colour codes: loop 1 green ...
 MARKS = '123456789abcdefghijklmnopqrstuvwxyz'  # each loop's mark in plain text; '+' past loop 35
+
 
 def show_depth(prompt, pieces, depths, n_loop, ansi):
     """The prompt and the new tokens' texts (pieces), each in its loop's colour (ansi) or mark."""
@@ -123,9 +99,11 @@ def show_depth(prompt, pieces, depths, n_loop, ansi):
     legend = f"under each line, the loop (1..{n_loop}) at which a token exited (blank: the prompt)"
     return legend + '\n' + '\n'.join(f"{t}\n{m.rstrip()}" for t, m in zip(text, marks))
 
+
 class Parser(argparse.ArgumentParser):
     def error(self, message):  # one line naming the command, not argparse's usage block
         sys.exit(f"{self.prog}: error: {message}")
+
 
 def get_parser(prog='sample.py', exits=('confidence', 'kl', 'latent')):
     p = Parser(prog=prog, description='Sample from a looped model checkpoint.')
@@ -147,6 +125,7 @@ def get_parser(prog='sample.py', exits=('confidence', 'kl', 'latent')):
     add('--device', default='auto', help='auto (cuda, else mps, else cpu), cpu, cuda or mps')
     return p
 
+
 def run(p, args, load_model, generate):
     """Check args, load the run, sample, print: sample.py's, and lab.sample's with its own two."""
     if args.n_loop is not None and args.n_loop < 1:
@@ -165,14 +144,14 @@ def run(p, args, load_model, generate):
     device = args.device if args.device != 'auto' else 'cuda' if cuda else 'mps' if mps else 'cpu'
     try:
         if {'cpu': True, 'cuda': cuda, 'mps': mps}.get(device.split(':')[0]) is not True:
-            raise ValueError(f"unknown device {device!r}, or not here: use auto, cpu, cuda or mps")
+            raise InputError(f"unknown device {device!r}, or not here: use auto, cpu, cuda or mps")
         model, ckpt = load_model(args.out_dir, device)
         encode, decode = get_codec(ckpt['meta'])
         start = args.start
         if start.startswith('FILE:'):  # the prompt in a file
             start = open(start[5:], encoding='utf-8').read()
         ids = encode(start)
-    except (ValueError, OSError) as e:
+    except (InputError, OSError) as e:
         p.error(str(e))
     if not ids:
         p.error("the start text is empty")
@@ -192,9 +171,11 @@ def run(p, args, load_model, generate):
     if depth.numel():
         print(f"mean loops per token: {depth.float().mean().item():.2f} of {n_loop}{rule}")
 
+
 def main(argv=None):
     p = get_parser()
     run(p, p.parse_args(argv), load_model, generate)
+
 
 if __name__ == '__main__':
     main()

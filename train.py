@@ -15,7 +15,6 @@ Beside the loop, data/ holds the parser's plumbing, the batches, the device and 
 the field's other designs train through this file with python -m lab.train <flags>.
 """
 
-import argparse
 import math
 import os
 import sys
@@ -28,16 +27,16 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from data.batches import Data, resolve_schedule
-from data.common import check_same_data
-from data.configs import CONFIGS
-from data.flags import Parser, auto_or_boolean, bad_flag, given_flags, run_name
-from data.run_folder import (check_finite, check_folder, kept, log_record, restore, resume_args,
-                             save_checkpoint, start_log)
-from data.system import (Interrupts, Progress, agree, check_replicas, compile_regions,
-                         end_processes, fmt_time, peak_flops, resolve_device, start_processes)
+from data.common import InputError, check_same_data
 from looped import CHOICES, LoopedConfig, LoopedGPT
+from plumbing.run import (CONFIGS, Interrupts, Parser, Progress, agree, auto_or_boolean, bad_flag,
+                          check_finite, check_folder, check_replicas, compile_regions,
+                          end_processes, fmt_time, given_flags, kept, lock_folder, log_record,
+                          resolve_device, restore, resume_args, run_name, save_checkpoint,
+                          start_log, start_processes)
 
-# ---- flags: the paper's model, training, evaluation, the system (presets: data/configs.py)
+# ---- flags: the paper's model, training, evaluation, the system (presets: plumbing/run.py)
+
 
 def fail(message):  # one line on stderr and exit status 1, as the parser's errors
     sys.exit(f"train.py: error: {message}")
@@ -114,10 +113,13 @@ def parse_args(argv=None, parser=None, name=None):
 
 
 def model_config(args, vocab_size=65):
-    """The model the flags describe: (its class, its config); ValueError for an invalid one."""
+    """The model the flags describe: (its class, its config); InputError for an invalid one."""
     values = {f.name: getattr(args, f.name) for f in fields(LoopedConfig) if f.name != 'vocab_size'}
     values['tie_weights'] = args.tie_weights is not False  # unset: tied, as the authors'
-    return LoopedGPT, LoopedConfig(vocab_size=vocab_size, **values)
+    try:  # LoopedConfig's own checks, of values the user typed
+        return LoopedGPT, LoopedConfig(vocab_size=vocab_size, **values)
+    except ValueError as e:
+        raise InputError(str(e)) from None
 
 
 def get_lr(args, step):
@@ -180,14 +182,10 @@ class Hooks:
         return None
 
     def unused_parameters(self, config):  # may a step leave a parameter without a gradient?
-        return config.recurrence == 'normed' or config.readout == 'final_norm'
+        return config.recurrence == 'normed' and config.n_loop == 1  # inter_norm, never run
 
     def compile(self, model):
         compile_regions(model)
-
-    def start(self, args, ckpt, header):  # the folder checked again, then the log begun
-        check_folder(args.out_dir, args.resume, args.overwrite)
-        return start_log(args.out_dir, args.overwrite, ckpt, header)
 
     def values(self, model, batch, ctx):  # what the run learned beyond the weights, for the log
         alpha = model.config.readout == 'alpha'  # how much of the scale the readout chose to see
@@ -197,200 +195,200 @@ class Hooks:
         return f" | alpha {record['alpha']:.3f}" if 'alpha' in record else ''
 
 
+def eval_record(model, step, val_batches, train_batches, ctx, t_start, out_dir, hooks):
+    """The log's record: the validation loss and ||h_k|| at depths 1..2K, the training loss at K,
+    the turn at each loop, what a design learned. A non-finite loss at any depth stops the run."""
+    K = model.config.n_loop
+    val_loss, val_norm = evaluate(model, val_batches, 2 * K, ctx)
+    bad = [k + 1 for k, v in enumerate(val_loss) if not math.isfinite(v)]
+    if bad:
+        raise InputError(f"validation loss is {val_loss[bad[0] - 1]} at depth {bad[0]} at step "
+                         f"{step}; stopping, {kept(out_dir)}")
+    train_loss = evaluate(model, train_batches, K, ctx)[0][K - 1]
+    return {'step': step, 'train_loss': train_loss, 'val_loss': val_loss,
+            'hidden_norm': val_norm, 'elapsed_s': round(time.time() - t_start, 2),
+            'turn': state_turn(model, val_batches[0][0], 2 * K, ctx),
+            **hooks.values(model, val_batches[0], ctx)}
+
+
 # ---- the run: set up, then the training loop
 
-def setup(args, given, hooks):
-    """Device, processes, data, model and optimizer (fresh or resumed), all checked before out_dir
-    is written: bad input never harms an earlier run. Returns them as a namespace."""
+def main(argv=None, parser=None, hooks=Hooks(), name=None):
+    """One run: python train.py's; lab/train.py passes its parser, hooks and run names. A check of
+    what the user gave (InputError) prints one line; anything else is a bug: its traceback shows."""
+    args = parse_args(argv, parser, name)
+    try:
+        train(args, given_flags(argv), hooks)
+    except InputError as e:
+        fail(e)
+
+
+def train(args, given, hooks):
+    """Set up (all checked before out_dir is written: bad input never harms an earlier run), then
+    the loop: every eval_interval steps evaluate, save, then log; every step a batch through
+    forward, backward, clip and AdamW; every log_interval steps a progress line. Ctrl-C saves."""
+    # ---- the device and the processes (several under torchrun)
     device, dtype, compile, ctx = resolve_device(args.device, args.dtype, args.compile)
-    device, rank, world = start_processes(device)  # under torchrun, one of several
+    device, rank, world = start_processes(device)
     say = print if rank == 0 else (lambda *a, **k: None)
     say(f"device: {device} | dtype: {dtype} | compile: {compile}"
         + (' (auto: on for CUDA only)' if args.compile == 'auto' else '')
         + (f" | data parallel: {world} processes ({dist.get_backend()})" if world > 1 else ''))
     if args.grad_accum is not None and args.grad_accum % world:
-        fail(f"--grad_accum={args.grad_accum} is not a multiple of the {world} processes")
+        raise InputError(f"--grad_accum={args.grad_accum} is not a multiple of the {world} "
+                         "processes")
     micro_steps = 1 if args.grad_accum is None else args.grad_accum // world
-    # --resume: args take the checkpoint's model, data, seed and schedule (a clash is refused)
+    # ---- a resumed run: args take the checkpoint's model, data, seed and schedule
     ckpt = resume_args(args, given, device, fields(hooks.Config)) if args.resume else None
+    # ---- the data: a resumed run continues on the data it was trained on, checked
     data = Data(args.dataset, args.block_size, args.batch_size, device, args.seed + rank)
-    if ckpt is not None:  # a resumed run continues on the data it was trained on: checked
+    if ckpt is not None:
         check_same_data(ckpt, data.meta, data.identity, os.path.join(args.out_dir, 'ckpt.pt'))
-    GPT, config = hooks.model_config(args, data.meta['vocab_size'])
+    Model, config = hooks.model_config(args, data.meta['vocab_size'])
     global_batch = args.batch_size * micro_steps * world
     # sets args.max_iters under --epochs, and lr_decay_iters and min_lr under --decay_lr
     resolve_schedule(args, len(data.splits['train']), config.block_size, global_batch, say)
     check_folder(args.out_dir, args.resume, args.overwrite)
+    # ---- the model and the optimizer, fresh or as the checkpoint left them
     torch.manual_seed(args.seed)
-    model = GPT(config).to(device)
+    raw_model = Model(config).to(device)  # the plain module: checkpoints and evaluation use it
     kind = device.split(':')[0]  # 'cuda', 'cpu' or 'mps': the fused AdamW and the scaler ask
-    optimizer = model.configure_optimizers(args.weight_decay, args.learning_rate, kind)
+    optimizer = raw_model.configure_optimizers(args.weight_decay, args.learning_rate, kind)
     # float16's loss scaling, so that small gradients do not flush to 0; else a pass-through
     scaler = torch.amp.GradScaler(kind, enabled=dtype == 'float16')
-    return argparse.Namespace(args=args, device=device, ctx=ctx, compile=compile, rank=rank,
-                              world=world, say=say, micro_steps=micro_steps,
-                              global_batch=global_batch, ckpt=ckpt, data=data, config=config,
-                              model=model, optimizer=optimizer, scaler=scaler)
-
-
-def save(r):
-    """ckpt.pt: enough to continue exactly, and to sample without the data folder."""
-    rng = {'torch': torch.get_rng_state(), 'batches': r.data.gen.get_state(),
-           'cuda': torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
-    if r.rank == 0:  # the other processes hold the same weights
-        save_checkpoint(os.path.join(r.args.out_dir, 'ckpt.pt'), {
-            'model': r.raw_model.state_dict(), 'optimizer': r.optimizer.state_dict(),
-            'scaler': r.scaler.state_dict(), 'config': r.config.to_dict(), 'args': vars(r.args),
-            'step': r.step, 'best_val_loss': r.best_val_loss, 'last_eval_step': r.last_eval_step,
-            'record': r.record, 'meta': r.data.meta, 'data': r.data.identity, 'rng': rng,
-            'run_id': r.run_id}, r.step)
-
-
-def eval_record(r, hooks, val_batches, train_batches, t_start):
-    """The log's record: the validation loss and ||h_k|| at depths 1..2K, the training loss at K,
-    the turn at each loop, what a design learned. A non-finite loss at any depth stops the run."""
-    K = r.config.n_loop
-    val_loss, val_norm = evaluate(r.raw_model, val_batches, 2 * K, r.ctx)
-    bad = [k + 1 for k, v in enumerate(val_loss) if not math.isfinite(v)]
-    if bad:
-        fail(f"validation loss is {val_loss[bad[0] - 1]} at depth {bad[0]} at step {r.step}; "
-             f"stopping, {kept(r.args.out_dir)}")
-    train_loss = evaluate(r.raw_model, train_batches, K, r.ctx)[0][K - 1]
-    return {'step': r.step, 'train_loss': train_loss, 'val_loss': val_loss,
-            'hidden_norm': val_norm, 'elapsed_s': round(time.time() - t_start, 2),
-            'turn': state_turn(r.raw_model, val_batches[0][0], 2 * K, r.ctx),
-            **hooks.values(r.raw_model, val_batches[0], r.ctx)}
-
-
-def train(r, hooks, interrupts):
-    """The loop: every eval_interval steps evaluate, save, then log; every step a batch through
-    forward, backward, clip and AdamW; every log_interval steps a progress line. Ctrl-C saves."""
-    args, model, K, say = r.args, r.model, r.config.n_loop, r.say
-    val_batches = r.data.fixed_batches('val', args.eval_iters)
-    train_batches = r.data.fixed_batches('train', args.eval_iters)
-    progress = Progress(r.step, r.global_batch * r.config.block_size,
-                        r.raw_model.flops_per_token(), peak_flops(r.device))
-    losses = []  # the training losses since the last check that they are finite
-    while True:
-        # ---- evaluate, save, then log: a diverged run stops first, and is never saved
-        if (r.step % args.eval_interval == 0 or r.step == args.max_iters) \
-                and r.step != r.last_eval_step:
-            t_eval = time.time()
-            check_finite(losses, r.step, args.out_dir)
-            record = eval_record(r, hooks, val_batches, train_batches, progress.t_start)
-            r.best_val_loss = min(r.best_val_loss, record['val_loss'][K - 1])
-            r.last_eval_step, r.record = r.step, record
-            if r.step > 0:
-                save(r)  # the checkpoint first: the log never runs ahead of it
-            if r.rank == 0:
-                log_record(os.path.join(args.out_dir, 'log.jsonl'), record)
-            loss, norm = record['val_loss'], record['hidden_norm']
-            say(f"eval {r.step}: val loss by depth {' '.join(f'{v:.3f}' for v in loss[:K])} | "
-                f"2K {loss[-1]:.3f} | ||h_k|| {' '.join(f'{v:.1f}' for v in norm[:K])} | "
-                f"2K {norm[-1]:.1f}{hooks.eval_extra(record)}")
-            progress.t_last += time.time() - t_eval  # ms/step and tok/s: training steps alone
-        if r.step >= args.max_iters:
-            break
-        # ---- one optimizer step: micro_steps forward/backward passes, clip, AdamW
-        for group in r.optimizer.param_groups:
-            group['lr'] = get_lr(args, r.step)
-        drawn = hooks.depth(r.raw_model, args.seed, r.step)  # None: K (a lab design may draw one)
-        lossf = cef = 0.0
-        for micro in range(r.micro_steps):
-            x, y = r.data.train_batch()
-            if r.world > 1:  # all-reduce the gradients after the last micro-step only
-                model.require_backward_grad_sync = micro == r.micro_steps - 1
-            with r.ctx:
-                _, loss, stats = model(x, y, n_loop=drawn)
-            r.scaler.scale(loss / r.micro_steps).backward()
-            lossf = lossf + loss.detach() / r.micro_steps
-            cef = cef + stats['ce'][-1] / r.micro_steps  # the last exit's, averaged as the loss
-        if args.grad_clip > 0:
-            r.scaler.unscale_(r.optimizer)  # clip the true gradients, not the scaled ones
-            torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
-        scale = r.scaler.get_scale() if r.scaler.is_enabled() else None
-        r.scaler.step(r.optimizer)
-        r.scaler.update()  # a lower scale after it: float16 overflowed and the step was skipped
-        r.optimizer.zero_grad(set_to_none=True)
-        r.step += 1
-        # ---- the bookkeeping: processes agree, divergence stops, progress prints, Ctrl-C saves
-        lossf, cef, stop = agree(r.world, lossf, cef, bool(interrupts.received))
-        losses.append(lossf)  # a non-finite loss is a divergence, always
-        if scale is not None and r.scaler.get_scale() < scale:  # the scaler skipped this step
-            progress.skips += 1
-        else:
-            progress.losses.append(lossf)
-            progress.ces.append(cef)
-        log_step = r.step % args.log_interval == 0 or r.step == args.max_iters
-        if log_step or stop or r.world > 1:
-            check_finite(losses, r.step, args.out_dir)
-        if log_step:
-            say(progress.line(r.step, args.max_iters, stats['hidden_norm'][-1].item(), drawn))
-        if stop:
-            save(r)
-            if r.world > 1:  # no process exits before the save: torchrun kills the rest
-                dist.barrier()
-            say(f"saved {os.path.join(args.out_dir, 'ckpt.pt')} at step {r.step}; continue with "
-                "the same flags plus --resume", flush=True)
-            sys.exit(130)
-    return progress.t_start
-
-
-def main(argv=None, parser=None, hooks=Hooks(), name=None):
-    """One run: python train.py's; lab/train.py passes its parser, hooks and run names."""
-    args, given = parse_args(argv, parser, name), given_flags(argv)
-    try:  # a bad device, config, dataset or run folder: one line
-        r = setup(args, given, hooks)
-        r.step, r.best_val_loss, r.last_eval_step, r.record = 0, float('inf'), -1, None
-        if r.ckpt is not None:
-            r.step, r.best_val_loss, r.last_eval_step, r.record = restore(
-                r.ckpt, r.model, r.optimizer, r.scaler, r.data.gen, r.device)
-            if r.rank > 0:  # only rank 0's batch order is saved; the others draw a fresh one
-                r.data.gen.manual_seed(args.seed + r.rank + 1000003 * r.step)
-            r.say(f"resuming {args.out_dir} at step {r.step} (model config from the checkpoint)")
-    except ValueError as e:
-        fail(e)
-    r.raw_model = r.model  # the plain module, for checkpoints and evaluation
-    if r.compile:
-        hooks.compile(r.model)
-    if r.world > 1:  # gradients averaged in backward; told if a step may leave some without one
-        r.model = DDP(r.model, device_ids=[torch.device(r.device)] if r.device.startswith('cuda')
-                      else None, find_unused_parameters=hooks.unused_parameters(r.config))
-    c, n_params, B = r.config, r.raw_model.num_params(), r.global_batch
-    r.say(f"{args.out_dir}: {type(r.raw_model).__name__}, {n_params:,} parameters, {c.n_layer} "
-          f"layers x {c.n_loop} loops; global batch {B} = {args.batch_size} x {r.micro_steps} "
-          f"micro-steps x {r.world} processes, {B * c.block_size:,} tokens/step, "
-          f"{r.raw_model.flops_per_token() / 1e6:.1f} MFLOPs/token")
-    ok = False
+    step, best_val_loss, last_eval_step, record = 0, float('inf'), -1, None
+    if ckpt is not None:
+        step, best_val_loss, last_eval_step, record = restore(ckpt, raw_model, optimizer, scaler,
+                                                              data.gen, device)
+        if rank > 0:  # only rank 0's batch order is saved; the others draw a fresh one
+            data.gen.manual_seed(args.seed + rank + 1000003 * step)
+        say(f"resuming {args.out_dir} at step {step} (model config from the checkpoint)")
+    model = raw_model  # what the loop calls: compiled in regions, wrapped by DDP
+    if compile:
+        hooks.compile(raw_model)
+    if world > 1:  # gradients averaged in backward; told if a step may leave some without one
+        model = DDP(raw_model, device_ids=[torch.device(device)] if kind == 'cuda' else None,
+                    find_unused_parameters=hooks.unused_parameters(config))
+    K, n_params = config.n_loop, raw_model.num_params()
+    say(f"{args.out_dir}: {type(raw_model).__name__}, {n_params:,} parameters, {config.n_layer} "
+        f"layers x {K} loops; global batch {global_batch} = {args.batch_size} x {micro_steps} "
+        f"micro-steps x {world} processes, {global_batch * config.block_size:,} tokens/step, "
+        f"{raw_model.flops_per_token() / 1e6:.1f} MFLOPs/token")
+    ok, lock = False, None
     try:
-        if r.world > 1:  # every process has read out_dir and its checkpoint before rank 0 writes
+        if world > 1:  # every process has read out_dir and its checkpoint before rank 0 writes
             dist.barrier()
-        r.run_id = r.ckpt and r.ckpt.get('run_id')
-        if r.rank == 0:
-            header = {'config': {**vars(args), 'model': c.to_dict(), 'num_params': n_params},
-                      'data': r.data.identity}
+        # ---- the run folder: locked for the run's life, checked again, its log begun
+        run_id = ckpt and ckpt.get('run_id')
+        if rank == 0:
+            header = {'config': {**vars(args), 'model': config.to_dict(), 'num_params': n_params},
+                      'data': data.identity}
             try:
                 os.makedirs(args.out_dir, exist_ok=True)
-                r.run_id = hooks.start(args, r.ckpt, header)
             except OSError as e:
-                fail(f"cannot write to {args.out_dir} ({e.strerror}); nothing was trained")
-        with Interrupts(r.world, r.say) as interrupts:
-            if r.ckpt is not None and r.ckpt['step'] >= args.max_iters:  # nothing left to do
-                r.say(f"{args.out_dir} is finished at step {r.ckpt['step']}; pass a larger "
-                      "--max_iters to continue it")
-                ok = True
-                return
-            t_start = train(r, hooks, interrupts)
-        if r.world > 1:
-            check_replicas(r.raw_model, r.world, r.device, r.say)
-        K, last = c.n_loop, r.record
-        r.say(f"done: {r.step} steps in {fmt_time(time.time() - t_start)}; final ||h_K|| "
-              f"{last['hidden_norm'][K - 1]:.1f}, val loss {last['val_loss'][K - 1]:.4f}; "
-              f"log {os.path.join(args.out_dir, 'log.jsonl')}")
+                raise InputError(f"cannot write to {args.out_dir} ({e.strerror}); nothing was "
+                                 "trained") from None
+            lock = lock_folder(args.out_dir)  # a second run into this folder is refused here
+            check_folder(args.out_dir, args.resume, args.overwrite)  # one may have ended there
+            run_id = start_log(args.out_dir, args.overwrite, ckpt, header)
+        if ckpt is not None and ckpt['step'] >= args.max_iters:  # nothing left to do
+            say(f"{args.out_dir} is finished at step {ckpt['step']}; pass a larger --max_iters "
+                "to continue it")
+            ok = True
+            return
+
+        def save():
+            """ckpt.pt: enough to continue exactly, and to sample without the data folder."""
+            rng = {'torch': torch.get_rng_state(), 'batches': data.gen.get_state(),
+                   'cuda': torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+            if rank == 0:  # the other processes hold the same weights
+                save_checkpoint(os.path.join(args.out_dir, 'ckpt.pt'), {
+                    'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(),
+                    'scaler': scaler.state_dict(), 'config': config.to_dict(), 'args': vars(args),
+                    'step': step, 'best_val_loss': best_val_loss, 'last_eval_step': last_eval_step,
+                    'record': record, 'meta': data.meta, 'data': data.identity, 'rng': rng,
+                    'run_id': run_id}, step)
+
+        # ---- the training loop
+        val_batches = data.fixed_batches('val', args.eval_iters)
+        train_batches = data.fixed_batches('train', args.eval_iters)
+        progress = Progress(step, global_batch * config.block_size, raw_model.flops_per_token(),
+                            device)
+        losses = []  # the training losses since the last check that they are finite
+        with Interrupts(world, say) as interrupts:
+            while True:
+                # evaluate, save, then log: a diverged run stops first, and is never saved
+                if (step % args.eval_interval == 0 or step == args.max_iters) \
+                        and step != last_eval_step:
+                    t_eval = time.time()
+                    check_finite(losses, step, args.out_dir)
+                    record = eval_record(raw_model, step, val_batches, train_batches, ctx,
+                                         progress.t_start, args.out_dir, hooks)
+                    best_val_loss = min(best_val_loss, record['val_loss'][K - 1])
+                    last_eval_step = step
+                    if step > 0:
+                        save()  # the checkpoint first: the log never runs ahead of it
+                    if rank == 0:
+                        log_record(os.path.join(args.out_dir, 'log.jsonl'), record)
+                    loss, norm = record['val_loss'], record['hidden_norm']
+                    say(f"eval {step}: val loss by depth {' '.join(f'{v:.3f}' for v in loss[:K])}"
+                        f" | 2K {loss[-1]:.3f} | ||h_k|| {' '.join(f'{v:.1f}' for v in norm[:K])}"
+                        f" | 2K {norm[-1]:.1f}{hooks.eval_extra(record)}")
+                    progress.t_last += time.time() - t_eval  # ms/step, tok/s: training alone
+                if step >= args.max_iters:
+                    break
+                # one optimizer step: micro_steps forward/backward passes, clip, AdamW
+                for group in optimizer.param_groups:
+                    group['lr'] = get_lr(args, step)
+                drawn = hooks.depth(raw_model, args.seed, step)  # None: K (a lab design draws)
+                lossf = cef = 0.0
+                for micro in range(micro_steps):
+                    x, y = data.train_batch()
+                    if world > 1:  # all-reduce the gradients after the last micro-step only
+                        model.require_backward_grad_sync = micro == micro_steps - 1
+                    with ctx:
+                        _, loss, stats = model(x, y, n_loop=drawn)
+                    scaler.scale(loss / micro_steps).backward()
+                    lossf = lossf + loss.detach() / micro_steps
+                    cef = cef + stats['ce'][-1] / micro_steps  # the last exit's, as the loss
+                if args.grad_clip > 0:
+                    scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+                scale = scaler.get_scale() if scaler.is_enabled() else None
+                scaler.step(optimizer)
+                scaler.update()  # a lower scale after it: float16 overflowed, the step skipped
+                optimizer.zero_grad(set_to_none=True)
+                step += 1
+                # the bookkeeping: processes agree, divergence stops, progress, Ctrl-C saves
+                lossf, cef, stop = agree(world, lossf, cef, bool(interrupts.received))
+                losses.append(lossf)  # a non-finite loss is a divergence, always
+                if scale is not None and scaler.get_scale() < scale:  # the scaler skipped it
+                    progress.skips += 1
+                else:
+                    progress.losses.append(lossf)
+                    progress.ces.append(cef)
+                log_step = step % args.log_interval == 0 or step == args.max_iters
+                if log_step or stop or world > 1:
+                    check_finite(losses, step, args.out_dir)
+                if log_step:
+                    say(progress.line(step, args.max_iters, stats['hidden_norm'][-1].item(),
+                                      drawn))
+                if stop:
+                    save()
+                    if world > 1:  # no process exits before the save: torchrun kills the rest
+                        dist.barrier()
+                    say(f"saved {os.path.join(args.out_dir, 'ckpt.pt')} at step {step}; "
+                        "continue with the same flags plus --resume", flush=True)
+                    sys.exit(130)
+        if world > 1:
+            check_replicas(raw_model, world, device, say)
+        say(f"done: {step} steps in {fmt_time(time.time() - progress.t_start)}; final ||h_K|| "
+            f"{record['hidden_norm'][K - 1]:.1f}, val loss {record['val_loss'][K - 1]:.4f}; "
+            f"log {os.path.join(args.out_dir, 'log.jsonl')}")
         ok = True
-    except ValueError as e:  # the run folder's one-line errors
-        fail(e)
     finally:
+        if lock is not None:  # the folder free for the next run
+            os.close(lock)
         end_processes(ok)
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from data import open_dataset
+from data.common import InputError
 
 
 class Data:
@@ -19,7 +20,7 @@ class Data:
         self.T, self.B, self.device = block_size, batch_size, device
         for split, data in self.splits.items():
             if len(data) <= block_size + 1:
-                raise ValueError(f"{self.folder}/{split}.bin has {len(data)} tokens, too few for "
+                raise InputError(f"{self.folder}/{split}.bin has {len(data)} tokens, too few for "
                                  f"block_size={block_size}")
         self.gen = torch.Generator().manual_seed(seed)  # saved in the checkpoint, for exact resume
 
@@ -56,7 +57,7 @@ def steps_from_epochs(epochs, n_tokens, block_size, global_batch):
 def resolve_schedule(args, n_tokens, T, global_batch, say):
     """Writes into args the steps that --epochs asks for (and says how epochs became steps, for
     n_tokens training tokens in windows of T) and --decay_lr's defaults (nanoGPT's: over the whole
-    run, to a tenth of the rate). ValueError for a decay that would end before the warmup does."""
+    run, to a tenth of the rate). InputError for a decay that would end before the warmup does."""
     if args.epochs is not None:
         args.max_iters, windows = steps_from_epochs(args.epochs, n_tokens, T, global_batch)
         say(f"{args.epochs:g} epochs x {windows:,} windows ({n_tokens:,} tokens in windows of {T} "
@@ -65,6 +66,6 @@ def resolve_schedule(args, n_tokens, T, global_batch, say):
         args.lr_decay_iters = args.lr_decay_iters or args.max_iters
         args.min_lr = args.learning_rate / 10 if args.min_lr is None else args.min_lr
         if args.lr_decay_iters <= args.warmup_iters:
-            raise ValueError(f"--lr_decay_iters={args.lr_decay_iters} must be greater than "
+            raise InputError(f"--lr_decay_iters={args.lr_decay_iters} must be greater than "
                              f"--warmup_iters={args.warmup_iters}: the decay starts after the "
                              "warmup")

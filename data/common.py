@@ -30,7 +30,13 @@ MAX_VOCAB = 65536  # uint16 token ids
 USER_AGENT = 'Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0 (looped prepare script)'
 
 
-class PrepareError(Exception):
+class InputError(ValueError):
+    """What a user gave cannot be used: a flag, a dataset, a run folder, a checkpoint, a device.
+    The project's own checks raise it, and train.py prints it in one line; any other exception is
+    a bug (the project's or a student's edit) and keeps its traceback."""
+
+
+class PrepareError(InputError):
     """A prepare script's failure, with a one-line explanation for the user."""
 
 
@@ -209,10 +215,10 @@ def read_meta(folder):
             with open(path, 'rb') as f:
                 meta = PlainUnpickler(io.BytesIO(f.read())).load()
     except (OSError, ValueError, pickle.UnpicklingError, EOFError) as e:
-        raise ValueError(f"{path} is unreadable or not plain data ({e}); prepare the dataset again") from None
+        raise InputError(f"{path} is unreadable or not plain data ({e}); prepare the dataset again") from None
     size = meta.get('vocab_size') if isinstance(meta, dict) else None
     if not (isinstance(size, int) and not isinstance(size, bool) and 1 <= size <= MAX_VOCAB):
-        raise ValueError(f"{path} needs an integer vocab_size between 1 and {MAX_VOCAB:,} (uint16 ids); it has {size!r}")
+        raise InputError(f"{path} needs an integer vocab_size between 1 and {MAX_VOCAB:,} (uint16 ids); it has {size!r}")
     return meta
 
 
@@ -227,18 +233,18 @@ def read_dataset(folder):
     for split in ('train', 'val'):
         path = os.path.join(folder, f'{split}.bin')
         if not os.path.isfile(path):
-            raise ValueError(f"{path} is not a file; prepare the dataset again")
+            raise InputError(f"{path} is not a file; prepare the dataset again")
         size = os.path.getsize(path)
         if size == 0 or size % 2:
-            raise ValueError(f"{path} has {size:,} bytes: {'no' if size == 0 else 'not whole'} uint16 token ids")
+            raise InputError(f"{path} has {size:,} bytes: {'no' if size == 0 else 'not whole'} uint16 token ids")
         data = np.memmap(path, dtype=np.uint16, mode='r')
         files[f'{split}.bin'] = file_hash(data.view(np.uint8))
         expected = meta.get('files', {}).get(f'{split}.bin')
         if expected is not None and expected != files[f'{split}.bin']:
-            raise ValueError(f"{path} does not match {folder}/meta.json (a prepare interrupted between its renames?); "
+            raise InputError(f"{path} does not match {folder}/meta.json (a prepare interrupted between its renames?); "
                              "prepare the dataset again")
         if int(data.max()) >= meta['vocab_size']:
-            raise ValueError(f"{path} holds token id {int(data.max())}, outside the vocabulary of {meta['vocab_size']}")
+            raise InputError(f"{path} holds token id {int(data.max())}, outside the vocabulary of {meta['vocab_size']}")
         splits[split] = data
     identity = {'path': os.path.abspath(folder), 'vocab': vocab_hash(meta), 'files': files}
     return meta, splits, identity
@@ -267,5 +273,5 @@ def check_same_data(ckpt, meta, identity, name):
                 break
     if why:
         trained_on = recorded['path'] if recorded else 'other data'
-        raise ValueError(f"{name} was trained on {trained_on}, and {identity['path']} is not that data ({why}); "
+        raise InputError(f"{name} was trained on {trained_on}, and {identity['path']} is not that data ({why}); "
                          "use the dataset it was trained on (--dataset), or start a new run")

@@ -1,14 +1,14 @@
 """
 The variant fields that name a run and a condition (lab/runs.py), over every field of DesignConfig: looped.py's
-and the designs'. train.py's named configurations (data/configs.py's CONFIGS) and the nanoGPT habits its
-parser answers (data/flags.py's HABITS) are read here under the names the lab's tools use.
+and the designs'. train.py's named configurations (plumbing/run.py's CONFIGS) and the nanoGPT habits its
+parser answers (plumbing/run.py's HABITS) are read here under the names the lab's tools use.
 """
 
 from dataclasses import fields
 
 from lab.designs import DESIGN_FLAGS, DesignConfig, field_type
-from data.flags import HABITS as NANOGPT_HABITS  # noqa: F401  (read by the lab's tools)
-from data.configs import CONFIGS  # noqa: F401  (read by the lab's tools)
+from plumbing.run import CONFIGS  # noqa: F401  (read by the lab's tools)
+from plumbing.run import HABITS as NANOGPT_HABITS  # noqa: F401  (read by the lab's tools)
 
 # ---- the names of runs and conditions, derived from the fields of DesignConfig (LoopedConfig's, then the designs')
 #

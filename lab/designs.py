@@ -44,7 +44,7 @@ from torch.utils.checkpoint import checkpoint
 
 from looped import CHOICES as PAPER_CHOICES
 from looped import MLP, Block, CausalSelfAttention, LoopedConfig, LoopedGPT, RMSNorm
-from data.flags import boolean
+from plumbing.run import boolean
 
 # The allowed values of every text field, the paper's and the designs'; the first is the default.
 CHOICES = {
@@ -590,7 +590,7 @@ def design_fields(config=DesignConfig):
 
 def add_design_flags(parser, config=DesignConfig, flags=DESIGN_FLAGS):
     """The designs' flags, one per design field of config (its entry in flags: help), each default the field's
-    own; a text field takes its CHOICES, a number its type, a True/False field data/flags.py's boolean (--x, --x=1,
+    own; a text field takes its CHOICES, a number its type, a True/False field plumbing/run.py's boolean (--x, --x=1,
     --x=True, --x=False, as train.py's own True/False flags). The paper's --supervision and --recurrence, in
     train.py, also take gated and damped. ValueError for a design field without an entry in flags."""
     missing = [f.name for f in design_fields(config) if f.name not in flags]
@@ -621,7 +621,7 @@ def field_type(config, name):
 
 def flag_values(flags, config=DesignConfig):
     """{field: value} of config's fields: their defaults, but for each flag ('--name=value', or '--name' alone
-    for a True/False field) read as train.py's parser reads it: a True/False field by data/flags.py's boolean
+    for a True/False field) read as train.py's parser reads it: a True/False field by plumbing/run.py's boolean
     (True/False/1/0/yes/no, the bare flag True), any other by its type. ValueError for a flag it cannot read."""
     values = {f.name: f.default for f in fields(config)}
     for flag in flags:

@@ -19,7 +19,7 @@ way; it is reused by a grid only from the grid's own folder, with the grid's fla
 
 Not here: the flags (lab/paper.py and lab/atlas.py parse --run, --seeds, --conditions, --train_args and pass them
 on), the figures and tables (plot_norms.py, lab/paper.py, lab/atlas.py), the paired statistics (lab/stats.py). The
-paper's grid is plot_norms.py's and the log reader data/run_folder.py's (the handout stands alone; the lab builds on
+paper's grid is plot_norms.py's and the log reader plumbing/logs.py's (the handout stands alone; the lab builds on
 it): load_run adds to its read the lab's condition names and the defaults of flags newer than a log.
 """
 
@@ -34,7 +34,7 @@ from dataclasses import fields
 
 from lab.runs import condition_name
 from lab.designs import DESIGNS as LAB_DESIGNS, DesignConfig, flag_values
-from data.run_folder import LogError, read_log, run_folders
+from plumbing.logs import LogError, read_log, run_folders
 from plot_norms import CONDITIONS, GRID_FLAGS
 from plot_norms import group_runs as group_in_order
 
@@ -128,7 +128,7 @@ NEWER_FLAGS = {'warmup_iters': 0, 'decay_lr': False, 'lr_decay_iters': None, 'mi
 
 
 def load_run(folder):
-    """{'name', 'config', 'records', ...} from folder/log.jsonl, read by data.run_folder.read_log (a one-line
+    """{'name', 'config', 'records', ...} from folder/log.jsonl, read by plumbing.logs.read_log (a one-line
     LogError otherwise), under the lab's condition name, with the defaults of every flag the log predates."""
     head, records, K = read_log(folder)
     # flags added since a log was written are at their defaults there, so an older run still pairs with a newer one

@@ -12,7 +12,7 @@ from dataclasses import fields
 from lab.configs import LABELS, NAMED, TAGS, head_part, variant_fields
 from lab.designs import DesignConfig, DesignedGPT
 from looped import LoopedConfig, LoopedGPT
-from data.run_folder import load_checkpoint  # noqa: F401  (the lab's tools read it here)
+from plumbing.run import load_checkpoint  # noqa: F401  (the lab's tools read it here)
 
 def load_model(path, device='cpu'):
     """(model in eval mode on device, checkpoint dict) from a ckpt.pt or a run folder that holds one,
@@ -74,30 +74,3 @@ def run_name(config_name, values):
     parts = [config_name] + [name_part(f, values[f.name]) for f in variant_fields()
                              if values[f.name] != f.default]
     return os.path.join('out', '-'.join(parts))
-
-
-def lock_folder(out_dir):
-    """Take an exclusive lock on out_dir/run.lock, holding this process's pid, so that two workers of a grid
-    never train in one folder (train.py alone does not lock: a single run needs none). Returns the file
-    descriptor that holds it (os.close releases it; the OS does however the holder ends), or None where the OS
-    has no flock."""
-    try:
-        import fcntl
-    except ImportError:
-        return None
-    path = os.path.join(out_dir, 'run.lock')
-    if os.path.islink(path):
-        sys.exit(f"python -m lab.train: error: {path} is a symbolic link; a run folder's own files must be plain "
-                 "files (remove the link, or use another --out_dir)")
-    # opened without truncating and without following a link: the holder's pid is read before it is replaced
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, 'O_NOFOLLOW', 0), 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        holder = os.read(fd, 64).decode(errors='replace').strip() or '?'
-        os.close(fd)
-        sys.exit(f"python -m lab.train: error: {out_dir} is in use by another train.py (pid {holder}); wait "
-                 "for it to end or choose another --out_dir")
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
-    return fd

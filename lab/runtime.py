@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from data import system
+from plumbing import run as system
 
 
 @dataclass
@@ -64,7 +64,7 @@ def synchronize(device_type):
 
 
 def resolve_device(device='auto', dtype='auto', compile='auto'):
-    """train.py's choice of device, dtype and compile (data/system.py's resolve_device: 'auto' is CUDA, else MPS, else CPU;
+    """train.py's choice of device, dtype and compile (plumbing/run.py's resolve_device: 'auto' is CUDA, else MPS, else CPU;
     bf16 on a GPU that has it, else float16; compile on CUDA only), as a Runtime. ValueError in one line for a
     device this machine does not have, or float16 off CUDA."""
     device, dtype, compile, ctx = system.resolve_device(device, dtype, compile)

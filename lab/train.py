@@ -9,17 +9,16 @@ designs' flags on top and lab/designs.py's DesignedGPT where one of them is on.
 Nothing here is a second training loop: train.main runs, given this parser (train.py's plus the
 designs' group, and --supervision=gated, --recurrence=damped) and train.Hooks answered for the
 designs (Designs). With no design flag off its default the run is train.py's own: LoopedGPT, the
-same log and checkpoint, bit for bit. The run folder is locked for the run's life, so that two
-workers of a grid never train in one folder.
+same log and checkpoint, bit for bit.
 """
 
-import os
 from dataclasses import fields
 
 import train
+from data.common import InputError
 from lab.designs import CHOICES, DesignConfig, DesignedGPT, add_design_flags, designs_asked
 from lab.report import design_line, design_values
-from lab.runs import lock_folder, run_name
+from lab.runs import run_name
 from lab.runtime import compile_regions
 
 PROG = 'python -m lab.train'
@@ -42,7 +41,10 @@ def model_config(args, vocab_size=65):
     values = {f.name: getattr(args, f.name) for f in fields(DesignConfig) if f.name != 'vocab_size'}
     if args.tie_weights is None:  # unset: tied as the authors', untied as nanochat's under gpt2
         values['tie_weights'] = args.init != 'gpt2'
-    return DesignedGPT, DesignConfig(vocab_size=vocab_size, **values)
+    try:  # DesignConfig's own checks, of values the user typed
+        return DesignedGPT, DesignConfig(vocab_size=vocab_size, **values)
+    except ValueError as e:
+        raise InputError(str(e)) from None
 
 
 class Designs(train.Hooks):
@@ -61,10 +63,6 @@ class Designs(train.Hooks):
         return config.may_leave_parameters_unused() if isinstance(config, DesignConfig) else \
             super().unused_parameters(config)
 
-    def start(self, args, ckpt, header):  # under the lock: a grid's workers never share a folder
-        self.lock = lock_folder(args.out_dir)
-        return super().start(args, ckpt, header)
-
     def compile(self, model):
         compile_regions(model)  # the prelude and coda too; nothing under the Jacobian penalty
 
@@ -82,12 +80,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
-    hooks = Designs()
-    try:
-        train.main(argv, get_parser(), hooks, name=lambda a: run_name(a.config, vars(a)))
-    finally:
-        if getattr(hooks, 'lock', None) is not None:  # the folder free for the next run
-            os.close(hooks.lock)
+    train.main(argv, get_parser(), Designs(), name=lambda a: run_name(a.config, vars(a)))
 
 
 if __name__ == '__main__':

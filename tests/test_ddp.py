@@ -46,6 +46,9 @@ def test_two_processes_stay_in_sync_and_resume_under_gated_supervision(small_dat
     assert log[0]['config']['grad_accum'] == 2
     out = torchrun(small_data, tmp_path, '--max_iters=6', '--resume')
     assert 'resuming' in out and 'weights identical on all 2 processes: True' in out
+    # the checkpoint holds rank 0's batch order; the resumed rank 1 must draw batches of its own, not rank 0's
+    first = [torch.load(tmp_path / 'weights' / f'rank{r}-batches.pt', weights_only=True)[0] for r in (0, 1)]
+    assert not torch.equal(first[0], first[1])
     assert_same_weights(tmp_path)
     assert torch.load(tmp_path / 'ckpt.pt', weights_only=True)['step'] == 6
     assert not os.path.exists(tmp_path / 'ckpt.pt.tmp')

@@ -124,17 +124,15 @@ def test_a_run_loads_as_the_class_that_trained_it(tmp_path, capsys):
     assert 'needs a model trained with --supervision=gated' in str(e.value.code) and '\n' not in str(e.value.code)
 
 
-def copy_handout(dest):
-    """looped.py, train.py, sample.py and data/ (with the shipped tiny Shakespeare), as a student has them."""
+def copy_handout(dest, lab=False):
+    """looped.py, train.py, sample.py, data/ (with the shipped tiny Shakespeare) and plumbing/, as a student has
+    them; lab=True adds the lab, which stands on them."""
     os.makedirs(dest)
     for name in ('looped.py', 'train.py', 'sample.py'):
         shutil.copy(os.path.join(ROOT, name), dest / name)
     skip = shutil.ignore_patterns('__pycache__', '*.zip')
-    shutil.copytree(os.path.join(ROOT, 'data'), dest / 'data', ignore=skip)
-    # train.py still imports the lab (its flags, run folder, device, printed lines) until they move out of it:
-    # the copy has it for train.py; sample.py loads the run with looped.py alone
-    if 'lab' in imported_modules(read('train.py')):
-        shutil.copytree(os.path.join(ROOT, 'lab'), dest / 'lab', ignore=shutil.ignore_patterns('__pycache__'))
+    for folder in ('data', 'plumbing') + (('lab',) if lab else ()):
+        shutil.copytree(os.path.join(ROOT, folder), dest / folder, ignore=skip)
 
 
 def run(folder, *argv):
@@ -152,7 +150,7 @@ def test_a_parameter_added_to_block_trains_and_samples(tmp_path):
     counts = {}
     for copy in ('as_shipped', 'changed'):
         folder = tmp_path / copy
-        copy_handout(folder)
+        copy_handout(folder, lab=True)
         if copy == 'changed':
             source = (folder / 'looped.py').read_text()
             anchor = '        self.mlp = MLP(config)\n'

@@ -16,7 +16,7 @@ MAX_LINES = 60  # one screen: a reader sees a whole function at once
 LOOP = ('train.py', 'train', 80)  # but the training loop a reader sees whole, of about nanoGPT's length
 # the files a reader opens first, and the most lines each may have (the model alone, the loop on one screen)
 # train.py keeps a single run's promises (the device, resume, Ctrl-C, the progress line) with the run folder's
-# files in data/run_folder.py: it imports nothing from lab/, and is longer than nanoGPT's for it
+# files in plumbing/run.py: it imports nothing from lab/, and is longer than nanoGPT's for it
 TOP_LEVEL = {'looped.py': 360, 'train.py': 400, 'sample.py': 200, 'plot_norms.py': 300}
 MAX_WIDTH = 100  # characters a line in the files a reader opens first, and in the engine
 NARROW = (*TOP_LEVEL, 'lab/engine.py')

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import train
-from data import flags as data_flags
+from plumbing import run as data_flags
 from looped import LoopedGPT
 from conftest import ROOT
 from lab import configs, runtime
@@ -225,7 +225,8 @@ def test_the_progress_lines_clock_tokens_and_eta_by_hand(monkeypatch):
     clock = Clock()
     monkeypatch.setattr(train.time, 'time', clock)
     # 2 processes x 3 micro-steps x batch 4 = 24 sequences of 8 tokens per optimizer step
-    progress = train.Progress(10, 24 * 8, 1e6, 1e9)  # a known peak, so that MFU is a number to check
+    progress = train.Progress(10, 24 * 8, 1e6, 'cpu')
+    progress.peak = 1e9  # a known peak, so that MFU is a number to check
     clock.now += 4.0  # 20 steps in 4 s
     progress.losses, progress.ces = [torch.tensor(2.0), torch.tensor(3.0)], [torch.tensor(1.0), torch.tensor(1.5)]
     line = progress.line(30, 100, 2.0)

@@ -21,7 +21,8 @@ import sample
 import train
 from lab import train as lab_train
 from conftest import ROOT, char_prepare
-from data import common, run_folder
+from data import common
+from plumbing import run as run_folder
 from test_train import TINY, digest, finished_run, run_train  # noqa: F401 (a fixture)
 
 

@@ -174,7 +174,11 @@ MUTATIONS = [
      '[h.float().pow(2).mean() for h in states]', '[h.float().abs().mean() for h in states]'),
     # ---- A6: AlphaNorm.forward ----
     ('a6', 'looped.py', 's not clamped at eps',
-     's = hf.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(self.eps)', 's = hf.pow(2).mean(-1, keepdim=True).sqrt()'),
+     's = hf.pow(2).mean(-1, keepdim=True).clamp_min(self.eps ** 2).sqrt()',
+     's = hf.pow(2).mean(-1, keepdim=True).sqrt()'),
+    ('a6', 'looped.py', 's clamped after the square root (a zero state: finite output, nan gradient)',
+     's = hf.pow(2).mean(-1, keepdim=True).clamp_min(self.eps ** 2).sqrt()',
+     's = hf.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(self.eps)', 'clamp the mean of squares'),
     ('a6', 'looped.py', '.float() upcast, which lowers a float64 input',
      'hf = h.to(torch.promote_types(h.dtype, torch.float32))', 'hf = h.float()'),
     ('a6', 'looped.py', 'alpha and 1 - alpha swapped',
@@ -185,12 +189,14 @@ MUTATIONS = [
      'torch.exp((1 - self.alpha()) * (self.log_s_ref - s.log()))',
      'torch.exp((1 - self.alpha().detach()) * (self.log_s_ref - s.log()))'),
     ('a6', 'looped.py', 's as the L2 norm instead of the RMS',
-     's = hf.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(self.eps)', 's = hf.pow(2).sum(-1, keepdim=True).sqrt().clamp_min(self.eps)'),
+     's = hf.pow(2).mean(-1, keepdim=True).clamp_min(self.eps ** 2).sqrt()',
+     's = hf.pow(2).sum(-1, keepdim=True).clamp_min(self.eps ** 2).sqrt()'),
     ('a6', 'looped.py', 's_ref detached (log s_ref never learns)',
      'torch.exp((1 - self.alpha()) * (self.log_s_ref - s.log()))',
      'torch.exp((1 - self.alpha()) * (self.log_s_ref.detach() - s.log()))'),
     ('a6', 'looped.py', 's as the mean absolute value instead of the RMS',
-     's = hf.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(self.eps)', 's = hf.abs().mean(-1, keepdim=True).clamp_min(self.eps)'),
+     's = hf.pow(2).mean(-1, keepdim=True).clamp_min(self.eps ** 2).sqrt()',
+     's = hf.abs().mean(-1, keepdim=True).clamp_min(self.eps)'),
     # ---- A7: exit_passes, exit_depths, calibrate_exit ----
     ('a7', 'lab/engine.py', 'the latent rule with a strict <',
      'return latent_change(h, h_prev) <= threshold', 'return latent_change(h, h_prev) < threshold'),
@@ -301,8 +307,14 @@ MUTATIONS = [
     ('a8', 'lab/designs.py', 'concat as h + e (the adapter left out)',
      'self.adapter(torch.cat([h, e], dim=-1))', '(h + e)'),
     ('a8', 'lab/designs.py', "inject without the diagonal case (add and concat only: under 'diagonal' it falls through "
-     "to the adapter, which a diagonal model does not have, and the atlas's four diagonal runs of A8 Q2 fail)",
+     "to the adapter, which a diagonal model does not have, and the full atlas's four diagonal runs fail)",
      "        if self.config.injection == 'diagonal':\n            return self.diagonal(h, e)\n", ''),
+    ('a8', 'lab/designs.py', "inject without the diagonal case, ending in an elif (under 'diagonal' it "
+     "returns None)",
+     "        if self.config.injection == 'diagonal':\n            return self.diagonal(h, e)\n"
+     "        return self.adapter(torch.cat([h, e], dim=-1))\n",
+     "        if self.config.injection == 'concat':\n"
+     "            return self.adapter(torch.cat([h, e], dim=-1))\n", 'got None'),
     ('a8', 'lab/designs.py', 'diagonal with h and e swapped, decay * e + Delta * B h',
      'return self.diagonal(h, e)', 'return self.diagonal(e, h)'),
     ('a8', 'lab/designs.py', "diagonal as add, h + e (Parcae's decay and Delta * B left out)",

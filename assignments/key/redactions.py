@@ -39,4 +39,9 @@ REDACTIONS = [
     ('lab/engine.py', ' (tests/test_generation.py pins\nit) while', '\nwhile', False),
     ('lab/designs.py', ' (tests/test_designs.py), so', ', so', False),
     ('lab/designs.py', ' Adding a design: docs/usage.md, "Adding a design".\n', '\n'),
+    # A8 Q1 asks for the student's own predictions before the repository's, which sit in DESIGNS, below the two
+    # functions A8 has the student write in the same file: the copy says where they start and to stop there
+    ('lab/designs.py', '\nDESIGNS = {\n',
+     "\n# A8 (assignments/README.md): each design's predicted= entry from here on is the repository's own prediction\n"
+     "# for written question 1. Write your predictions before you read on.\nDESIGNS = {\n"),
 ]

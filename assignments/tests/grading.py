@@ -68,9 +68,26 @@ def distinct(a, b):
     return repr(a), repr(b)
 
 
+def not_a_tensor(value):
+    """A few words on a value that should have been a tensor: what it is, and for None the usual cause."""
+    if value is None:
+        return "None (the function returned nothing: a case with no return statement, e.g. an if/elif chain that " \
+               "leaves a case out)"
+    if isinstance(value, (tuple, list)):  # e.g. (output, something else): name the parts, never print tensors
+        parts = ', '.join(type(v).__name__ for v in value[:4]) + (', ...' if len(value) > 4 else '')
+        return f"a {type(value).__name__} of {len(value)} ({parts}), not a tensor"
+    text = repr(value)
+    return f"a {type(value).__name__} ({text if len(text) <= 60 else text[:57] + '...'}), not a tensor"
+
+
 def check_close(got, expected, what, rtol=1e-5, atol=1e-6, hint=''):
     """Fail with one readable sentence (the largest error, never the tensors) unless got matches expected
-    elementwise within atol + rtol * |expected|; shapes and dtypes are checked first."""
+    elementwise within atol + rtol * |expected|; shapes and dtypes are checked first. got that is not a tensor (None
+    from a function that ends without a return for some case, a float from .item(), a tuple) fails with a sentence
+    that names what it is, not with an AttributeError here."""
+    if not isinstance(got, torch.Tensor):
+        raise AssertionError(f"{what}: got {not_a_tensor(got)}, where a tensor of shape {tuple(expected.shape)} is "
+                             f"expected. {hint}".rstrip())
     assert tuple(got.shape) == tuple(expected.shape), \
         f"{what}: shape {tuple(got.shape)}, expected {tuple(expected.shape)}. {hint}".rstrip()
     if not torch.isfinite(got).all():

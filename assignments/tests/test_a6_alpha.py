@@ -63,6 +63,27 @@ def test_a_zero_state_is_finite():
         assert out.abs().max().item() == 0, f"alpha = {alpha}: a zero state must give zeros"
 
 
+@pytest.mark.parametrize('alpha', [0.0, 0.5, 1.0, None])
+def test_the_gradient_at_a_zero_state_is_finite(alpha):
+    """As in A1: the backward pass at a zero state must be finite too, for h, and for the alpha logit and log s_ref
+    (alpha None: learned). A clamp that protects the forward pass can still leave 0 / 0 in the backward one."""
+    norm = alpha_norm(alpha)
+    h = torch.zeros(2, 32, requires_grad=True)
+    out = norm(h)
+    assert torch.isfinite(out).all().item(), \
+        f"alpha = {alpha}: a zero state gives nan or inf; clamp s at eps (s.clamp_min(self.eps)) before dividing"
+    out.sum().backward()
+    params = [('h', h.grad), ('log s_ref', norm.log_s_ref.grad)]
+    if alpha is None:
+        params.append(('the alpha logit', norm.alpha_logit.grad))
+    for name, g in params:
+        assert g is None or torch.isfinite(g).all().item(), (
+            f"alpha = {alpha}: at a zero state the gradient with respect to {name} is nan or inf, although the "
+            f"output is finite. The backward pass of sqrt at 0 is 1 / (2 sqrt(0)) = inf, and inf times the zero "
+            f"gradient a clamp passes back is nan: clamp the mean of squares (at eps^2) before the square root, "
+            f"not s after it, so that sqrt never sees 0.")
+
+
 def test_gradients_agree_with_finite_differences():
     """autograd through your forward, for h, the alpha logit and log s_ref, against finite differences."""
     norm = AlphaNorm(LoopedConfig(readout='alpha', n_embd=32, n_head=4)).double()

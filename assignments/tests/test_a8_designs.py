@@ -1,7 +1,7 @@
 """A8 grader: DesignedGPT.inject and DesignBlock.sandwich_forward (lab/designs.py, the extension of looped.py's model
 that builds the field's designs), against invariants and computations done here by hand: what concat computes at
 initialization, what add's passes run on, what the adapter's two halves do, that the diagonal injection (Parcae's,
-which the atlas of A8 Q2 trains) is handed h and e, and the RMS a sandwich layer hands on; and every design inside
+which the full atlas trains) is handed h and e, and the RMS a sandwich layer hands on; and every design inside
 generation with its KV cache (lab/engine.py) against the plain model.generate.
 PYTEST_DONT_REWRITE"""
 
@@ -145,9 +145,10 @@ def with_random_diagonal(model, seed=10):
     return model
 
 
-DIAGONAL_HINT = ("inject must handle every injection a DesignConfig can ask for, and the atlas of A8 Q2 trains "
-                 "'diagonal' (its diagonal and parcae designs): under injection='diagonal' hand h and e, in this "
-                 "order, to Parcae's injection, self.diagonal (lab/designs.py's DiagonalInjection, written for you)")
+DIAGONAL_HINT = ("inject must handle every injection a DesignConfig can ask for, and the full atlas (python -m "
+                 "lab.atlas) trains 'diagonal' (its diagonal and parcae designs): under injection='diagonal' "
+                 "hand h and e, in this order, to Parcae's injection, self.diagonal (lab/designs.py's "
+                 "DiagonalInjection, written for you)")
 
 
 def test_diagonal_hands_h_and_e_to_parcaes_injection():

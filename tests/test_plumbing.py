@@ -1,0 +1,76 @@
+"""What plumbing/ does for train.py, each behaviour pinned where a one-line slip would pass unnoticed: the flags
+as typed (--tie_weights=False unties, a negative --seed is refused, 'no' is False), the run's name keeps every
+variant flag, the MFU peak of an H100, a run one step short of its goal is not finished, and a log whose last
+line was cut by a crash reads back up to its last whole line."""
+
+import json
+
+import pytest
+import torch
+
+import train
+from plumbing import logs, run
+
+
+def test_tie_weights_false_typed_unties_the_head():
+    args = train.parse_args(['--tie_weights=False', '--out_dir=unused'])
+    Model, config = train.model_config(args)
+    model = Model(config)
+    assert config.tie_weights is False and model.lm_head.weight is not model.wte.weight
+    Model, config = train.model_config(train.parse_args(['--out_dir=unused']))  # unset: tied
+    model = Model(config)
+    assert config.tie_weights is True and model.lm_head.weight is model.wte.weight
+
+
+@pytest.mark.parametrize('seed', ['-1', str(2 ** 63)])
+def test_a_seed_outside_its_range_is_one_line(seed, capsys):
+    with pytest.raises(SystemExit) as e:
+        train.parse_args([f'--seed={seed}'])
+    assert '--seed=' in str(e.value.code) and 'between 0 and 2**63 - 1' in str(e.value.code)
+
+
+@pytest.mark.parametrize('text, value', [('no', False), ('No', False), ('0', False), ('false', False),
+                                         ('yes', True), ('1', True), ('True', True)])
+def test_the_boolean_flag_reads_each_spelling(text, value):
+    assert run.boolean(text) is value
+    assert train.parse_args([f'--decay_lr={text}', '--out_dir=unused']).decay_lr is value
+
+
+def test_the_run_name_keeps_every_variant_flag():
+    args = train.parse_args(['--readout=raw', '--norm_penalty=0.01', '--recurrence=normed',
+                             '--supervision=terminal'])
+    assert args.out_dir == 'out/laptop-supervision_terminal-readout_raw-pen0.01-recurrence_normed'
+
+
+def test_the_mfu_peak_of_an_h100_and_none_for_an_unknown_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device: 'NVIDIA H100 80GB HBM3')
+    assert run.peak_flops('cuda:0') == 989e12
+    monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device: 'Some Other GPU')
+    assert run.peak_flops('cuda:0') is None and run.peak_flops('cpu') is None
+
+
+def write_log(folder, steps, max_iters, cut=False):
+    folder.mkdir()
+    header = {'config': {'max_iters': max_iters, 'model': {'n_loop': 1}}}
+    records = [{'step': s, 'train_loss': 1.0, 'val_loss': [1.0, 1.1], 'hidden_norm': [2.0, 3.0],
+                'elapsed_s': 0.1} for s in steps]
+    text = ''.join(json.dumps(r) + '\n' for r in [header, *records])
+    if cut:  # a crash in the middle of the next record
+        text += json.dumps(records[-1])[:20]
+    (folder / 'log.jsonl').write_text(text)
+    return folder
+
+
+def test_a_run_one_step_short_of_its_goal_is_not_finished(tmp_path):
+    short = write_log(tmp_path / 'short', [0, 50, 99], max_iters=100)
+    done = write_log(tmp_path / 'done', [0, 50, 100], max_iters=100)
+    assert not logs.finished(short) and logs.finished(done)
+    assert not logs.finished(done, max_iters=101) and logs.finished(short, max_iters=99)
+    from lab import grid  # a grid reuses a finished run: the same goal, read from the command it would run
+    assert not grid.finished(str(short), ['--max_iters=100']) and grid.finished(str(done), ['--max_iters=100'])
+
+
+def test_a_log_with_a_cut_last_line_reads_back_to_its_last_whole_line(tmp_path):
+    folder = write_log(tmp_path / 'cut', [0, 10, 20], max_iters=20, cut=True)
+    config, records, K = logs.read_log(folder)
+    assert [r['step'] for r in records] == [0, 10, 20] and K == 1 and config['max_iters'] == 20
