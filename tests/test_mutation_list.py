@@ -46,3 +46,22 @@ def test_a_breakages_whole_name_picks_it_alone_and_a_word_picks_every_name_with_
     loop = mutations.choose('loop')
     assert len(loop) > 1 and all('loop' in name.lower() for name, *_ in loop)
     assert not mutations.choose('no_such_breakage')
+
+
+def test_the_counts_docs_testing_md_states_are_the_lists_own():
+    """docs/testing.md's numbers of breakages (the suite's, the course kit's) and of pinned configurations are
+    those of the lists themselves, so that a list that grows cannot leave a stale count behind."""
+    import importlib.util
+    import json
+    import re
+    with open(os.path.join(ROOT, 'docs', 'testing.md')) as f:
+        text = f.read()
+    number = lambda pattern: int(re.search(pattern, text).group(1).replace(',', ''))
+    assert number(r'The list has ([\d,]+) breakages') == len(mutations.MUTATIONS)
+    spec = importlib.util.spec_from_file_location('kit', os.path.join(ROOT, 'assignments', 'key', 'mutations.py'))
+    kit = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kit)
+    assert number(r"The course kit's list holds ([\d,]+) breakages") == len(kit.MUTATIONS)
+    assert number(r'writes ([\d,]+) known-wrong student') == len(kit.MUTATIONS)
+    with open(os.path.join(ROOT, 'tests', 'data', 'pinned_math.json')) as f:
+        assert number(r'for ([\d,]+)\s+configurations') == len(json.load(f))
