@@ -319,6 +319,81 @@ def readings_text(cells):
               "convergence grid's K = 4 runs:\n\n" + turn_text(own))
 
 
+# ---- the interaction over training and on the training loss: readings of committed logs (postdictions)
+
+COURSE_STEPS = (500, 1000, 1500, 2000, 2500, 3000)  # the table's rows; the figure has every evaluation
+
+
+def at_step(run, step, key='val_loss'):
+    """A run's loss at depth K at evaluation `step` (key: 'val_loss', or 'train_loss', logged at depth K)."""
+    record = next(r for r in run['records'] if r['step'] == step)
+    return record[key] if key == 'train_loss' else record[key][run['K'] - 1]
+
+
+def gaps_at(cells, step, key='val_loss', seeds=SEEDS):
+    """Seed by seed at evaluation `step`: (seeds, [rmsnorm - raw at K = 4], [rmsnorm - raw at K = 1], [I]) over
+    the seeds whose four runs all finished (readout_gaps' seeds)."""
+    full = sorted(readout_gaps(cells, seeds=seeds)[0])
+    four = quartet()
+    d4 = [at_step(cells[four[0]][s], step, key) - at_step(cells[four[1]][s], step, key) for s in full]
+    d1 = [at_step(cells[four[2]][s], step, key) - at_step(cells[four[3]][s], step, key) for s in full]
+    return full, d4, d1, [a - b for a, b in zip(d4, d1)]
+
+
+def interval(values):
+    """'+0.013 [-0.028, +0.055]': the mean and its 95% t interval (unadjusted), or n/a below two values."""
+    if len(values) < 2:
+        return 'n/a'
+    t = paired_test(values, MARGIN)
+    return f"{fmt_number(t['mean'])} [{fmt_number(t['lo'])}, {fmt_number(t['hi'])}]"
+
+
+def common_steps(cells):
+    """The evaluation steps every run of the interaction's seeds logged."""
+    full = readout_gaps(cells)[0]
+    runs = [cells[c][s] for c in quartet() for s in full]
+    return sorted(set.intersection(*[{r['step'] for r in run['records']} for run in runs])) if runs else []
+
+
+def course_table(cells):
+    """I and both readout gaps at the steps of COURSE_STEPS (validation, depth K), then I on the logged training
+    loss at the last step, and I over seeds 1-3 (the convergence grid's code) and 4-6 (this grid's)."""
+    header = ['step', 'loss', 'seeds', 'rmsnorm - raw at K = 4', 'rmsnorm - raw at K = 1', 'I']
+    rows, logged = [], common_steps(cells)
+    if STEPS not in logged:
+        return 'No seed has all four runs at their last step yet.'
+    for step, key in [(s, 'val_loss') for s in COURSE_STEPS if s in logged] + [(STEPS, 'train_loss')]:
+        seeds, d4, d1, values = gaps_at(cells, step, key)
+        rows.append([f"{step:,}", 'validation' if key == 'val_loss' else 'training (fixed batches)',
+                     ' '.join(map(str, seeds)), interval(d4), interval(d1), interval(values)])
+    for part in ((1, 2, 3), (4, 5, 6)):
+        seeds, d4, d1, values = gaps_at(cells, STEPS, seeds=part)
+        rows.append([f"{STEPS:,}", 'validation', ' '.join(map(str, seeds)), interval(d4), interval(d1),
+                     interval(values)])
+    return markdown(header, rows)
+
+
+def course_figure(cells, path):
+    """fig_interaction_course.png: I and the two readout gaps at every evaluation from step 200 (validation,
+    depth K), each the mean over the seeds with all four runs and its 95% t interval (unadjusted)."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.4))
+    steps = [s for s in common_steps(cells) if s >= 200]
+    for index, (label, colour) in enumerate((('rmsnorm - raw at K = 4', 'C0'), ('rmsnorm - raw at K = 1', 'C1'),
+                                             ('I = (at K = 4) - (at K = 1)', 'k'))):
+        tests = [paired_test(gaps_at(cells, s)[1 + index], MARGIN) for s in steps]
+        ax.plot(steps, [t['mean'] for t in tests], color=colour, label=label)
+        ax.fill_between(steps, [t['lo'] for t in tests], [t['hi'] for t in tests], color=colour, alpha=0.15)
+    ax.axhline(0, color='grey', lw=0.8)
+    ax.axhspan(-MARGIN, MARGIN, color='grey', alpha=0.15, label=f"+-{MARGIN:g} margin")
+    ax.set(xlabel='training step', ylabel=f'validation loss difference at depth K, lr {LR} (nats)')
+    ax.set_title(f"The interaction over training: mean over {len(readout_gaps(cells)[0])} seeds, 95% t "
+                 'intervals (unadjusted)', fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    return save_figure(fig, path)
+
+
 # ---- the table and the figure
 
 def intro():
@@ -347,6 +422,13 @@ def tables(runs):
     parts.append(f"## ||h_K|| at step {STEPS:,} (the state's norm at depth K, the last evaluation)\n\n"
                  + norm_table(cells))
     parts.append("## Every prediction, checked\n\n" + checks_text(prediction_checks(cells, families)))
+    parts.append("## The interaction over training and on the training loss (readings, not tests)\n\n"
+                 "Postdictions: these logs were committed before the question was asked, so nothing here counts as "
+                 "a prediction met. The verdict rests on the primary row above (I on validation at step "
+                 f"{STEPS:,}). Each cell: the mean over the seeds named and its 95% t interval, unadjusted. Seeds "
+                 "1-3 of three cells are the convergence grid's runs (the code of that day); seeds 4-6 and K = 1 "
+                 "raw are this grid's; the last two rows split I so.\n\n" + course_table(cells)
+                 + "\n\n![the interaction over training](fig_interaction_course.png)")
     parts.append("## Readings of the convergence grid's runs (not tests)\n\n" + readings_text(cells))
     if notes:
         parts.append('Not finished (left out): ' + '; '.join(notes))
@@ -418,7 +500,8 @@ def main(argv=None):
     except LogError as e:
         fail(PROG, e)
     write_outputs(args.fig_dir, tables(runs),
-                  {'fig_interaction.png': lambda path: figure(by_cell(runs)[0], path)})
+                  {'fig_interaction.png': lambda path: figure(by_cell(runs)[0], path),
+                   'fig_interaction_course.png': lambda path: course_figure(by_cell(runs)[0], path)})
 
 
 if __name__ == '__main__':

@@ -13,7 +13,7 @@ from lab.grid import load_run
 from lab.interaction import K1_RAW, K1_RMS, K4_RAW, K4_RMS, PENALIZED, cell
 
 # I_s of each seed; seed 6's run of K = 1 raw is never written, so its large I must not reach the mean
-I = {1: 0.08, 2: -0.02, 3: 0.01, 4: 0.07, 5: 0.01, 6: 0.5}
+I_S = {1: 0.08, 2: -0.02, 3: 0.01, 4: 0.07, 5: 0.01, 6: 0.5}
 NORMS = {K4_RMS: 1000.0, K4_RAW: 10.0, K1_RMS: 650.0, K1_RAW: 10.0, PENALIZED: 30.0}
 
 
@@ -38,7 +38,7 @@ def write_run(root, name, seed, loss, last_step=3000, norm=10.0):
     return load_run(str(folder))
 
 
-def grid(root, values=I, skip=((K1_RAW, 6),)):
+def grid(root, values=I_S, skip=((K1_RAW, 6),)):
     """Every run of the interaction and its best-rate twin: seed s's rmsnorm - raw is d1 = 0.09 + 0.002 s at
     K = 1 and d1 + values[s] at K = 4; the penalty takes 0.05 + 0.002 s off K = 4 rmsnorm (seeds 1-3); raw at
     lr 2e-3 is 0.01 lower at K = 4 and 0.02 lower at K = 1 than at 3e-3, so I at the best rates is I_s - 0.01."""
@@ -72,7 +72,7 @@ def test_the_interaction_is_each_seeds_difference_of_differences_and_a_seed_shor
     assert sorted(gaps) == [1, 2, 3, 4, 5] and missing == {6: [K1_RAW]}
     assert gaps[2] == pytest.approx((0.094 - 0.02, 0.094))
     seeds, values = interaction.interaction(cells)
-    assert seeds == [1, 2, 3, 4, 5] and values == pytest.approx([I[s] for s in seeds])
+    assert seeds == [1, 2, 3, 4, 5] and values == pytest.approx([I_S[s] for s in seeds])
     (row,) = interaction.interaction_rows(cells)
     assert row['mean'] == pytest.approx(0.03) and row['n'] == 5  # seed 6 (I = 0.5) would make it 0.108
     table = interaction.tables(cells_runs(cells))
@@ -154,3 +154,25 @@ def test_the_command_writes_the_table_and_the_figure_and_names_a_run_not_finishe
     assert '| lr 3e-3: rmsnorm + penalty 0.01 - rmsnorm at K = 4, depth 4 | 1 2 3 |' in text
     for name in ('fig_interaction.png', 'fig_interaction.svg'):
         assert os.path.getsize(out / name) > 10_000, name
+
+
+def test_the_course_table_is_each_steps_interaction_and_the_training_loss_row_reads_train_loss(tmp_path):
+    """At step 1,500 every hand-built run is 0.3 above its step-3,000 loss, so each gap and I are step 3,000's;
+    the training-loss row reads train_loss (here the depth-K loss plus 0.01 under rmsnorm at K = 4 only, which
+    adds 0.01 to its K = 4 gap and to I); the split rows take seeds 1-3 and 4-5 (seed 6 lacks a run)."""
+    runs = grid(tmp_path)
+    for run in runs:
+        if run['K'] == 4 and run['config']['model']['readout'] == 'rmsnorm' and not run['config']['model'][
+                'norm_penalty']:
+            for record in run['records']:
+                record['train_loss'] += 0.01
+    cells, _ = converge.by_cell(runs)
+    assert interaction.common_steps(cells) == [1500, 3000]
+    mean = lambda seeds: sum(I_S[s] for s in seeds) / len(seeds)
+    lines = interaction.course_table(cells).splitlines()
+    rows = {tuple(cols[:3]): cols for cols in ([c.strip() for c in line.strip('|').split('|')] for line in lines[2:])}
+    assert rows[('1,500', 'validation', '1 2 3 4 5')][-1].startswith(f"{mean([1, 2, 3, 4, 5]):+.3f} [")
+    assert rows[('3,000', 'training (fixed batches)', '1 2 3 4 5')][-1].startswith(
+        f"{mean([1, 2, 3, 4, 5]) + 0.01:+.3f} [")
+    assert rows[('3,000', 'validation', '4 5')][-1].startswith(f"{mean([4, 5]):+.3f} [")
+    assert rows[('3,000', 'validation', '1 2 3')][-1].startswith(f"{mean([1, 2, 3]):+.3f} [")
