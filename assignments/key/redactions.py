@@ -5,7 +5,8 @@ as they are. This list lives in the key because each entry quotes the answer it 
 
 Each entry is (file, the reference text, its replacement in the copy[, required]). make_student.py refuses to
 write a copy when a required reference text is not found exactly once (the source changed under it): an answer
-would otherwise ship unnoticed. An optional one (required False) may be absent. Whitespace inside a docstring counts, so quote it as the file has it.
+would otherwise ship unnoticed. An optional one (required False) may be absent. Whitespace inside a docstring counts, so
+quote it as the file has it.
 """
 
 REDACTIONS = [
@@ -44,4 +45,17 @@ REDACTIONS = [
     ('lab/designs.py', '\nDESIGNS = {\n',
      "\n# A8 (assignments/README.md): each design's predicted= entry from here on is the repository's own prediction\n"
      "# for written question 1. Write your predictions before you read on.\nDESIGNS = {\n"),
+    # A7 has the student write the exit rules (lab/engine.py exit_passes): looped.py's generate, which sample.py
+    # calls, spells them out, so the copy's generate calls the student's exit_passes instead
+    ('looped.py',
+     "            passes = k == n_loop\n"
+     "            if rule == 'confidence':\n"
+     "                passes = passes | (logp_k.max(dim=-1).values.exp() >= t)\n"
+     "            elif rule == 'latent':\n"
+     "                change = (z - z_prev).norm(dim=-1) / z_prev.norm(dim=-1).clamp_min(1e-12)\n"
+     "                passes = passes | (change <= t)\n"
+     "            elif rule == 'kl' and k > 1:\n"
+     "                passes = passes | ((logp_k.exp() * (logp_k - logp_prev)).sum(dim=-1) <= t)\n",
+     "            from lab.engine import exit_passes  # A7: the rules are the ones you write there\n"
+     "            passes = (k == n_loop) | exit_passes(rule, t, logp_k, logp_prev, z, z_prev)\n"),
 ]
