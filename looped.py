@@ -20,9 +20,9 @@ the residual loop keeps carrying, and growing, that scale. The fields that expos
     supervision   per_loop | terminal   the mean of the K cross-entropies, or the last one alone
     norm_penalty  lambda                adds lambda * mean_k mean(h_k^2)
 
-The rest is the shape and two choices that leave the idea alone (tie_weights, norm_eps).
-LoopedGPT.loops is where the loop runs; lab/designs.py extends it by overriding the methods whose
-docstrings say "A seam", and lab/engine.py adds a KV cache to generate.
+The rest is the shape (vocab_size, block_size, n_embd, n_head, n_layer, n_loop, dropout) and two
+choices that leave the idea alone (tie_weights, norm_eps). LoopedGPT.loops is where the loop runs;
+lab/designs.py overrides the methods whose docstrings say "A seam", lab/engine.py adds a KV cache.
 """
 
 import math

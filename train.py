@@ -15,14 +15,16 @@ Beside the loop, data/ holds the parser's plumbing, the batches, the device and 
 the field's other designs train through this file with python -m lab.train <flags>.
 """
 
+import argparse
 import math
 import os
 import sys
 import time
-from dataclasses import fields
+from dataclasses import dataclass, fields
 
 import torch
 import torch.distributed as dist
+import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -169,6 +171,14 @@ def state_turn(model, x, n_loop, ctx):
     return turns
 
 
+def eval_line(record, K):
+    """The printed line of an evaluation: the loss by exit depth 1..K and at 2K, then ||h_k||."""
+    loss, norm = record['val_loss'], record['hidden_norm']
+    return (f"eval {record['step']}: val loss by depth {' '.join(f'{v:.3f}' for v in loss[:K])} | "
+            f"2K {loss[-1]:.3f} | ||h_k|| {' '.join(f'{v:.1f}' for v in norm[:K])} | "
+            f"2K {norm[-1]:.1f}")
+
+
 # ---- what python -m lab.train changes (a design's model, depth, DDP note and logged values)
 
 class Hooks:
@@ -195,41 +205,47 @@ class Hooks:
         return f" | alpha {record['alpha']:.3f}" if 'alpha' in record else ''
 
 
-def eval_record(model, step, val_batches, train_batches, ctx, t_start, out_dir, hooks):
-    """The log's record: the validation loss and ||h_k|| at depths 1..2K, the training loss at K,
-    the turn at each loop, what a design learned. A non-finite loss at any depth stops the run."""
+def eval_record(model, step, batches, ctx, hooks, out_dir):
+    """The log's record (batches: {'val': ..., 'train': ...}): the validation loss and ||h_k|| at
+    depths 1..2K, the training loss at K, the turn at each loop, what a design learned. A
+    non-finite loss at any depth stops the run."""
     K = model.config.n_loop
-    val_loss, val_norm = evaluate(model, val_batches, 2 * K, ctx)
+    val_loss, val_norm = evaluate(model, batches['val'], 2 * K, ctx)
     bad = [k + 1 for k, v in enumerate(val_loss) if not math.isfinite(v)]
     if bad:
         raise InputError(f"validation loss is {val_loss[bad[0] - 1]} at depth {bad[0]} at step "
                          f"{step}; stopping, {kept(out_dir)}")
-    train_loss = evaluate(model, train_batches, K, ctx)[0][K - 1]
+    train_loss = evaluate(model, batches['train'], K, ctx)[0][K - 1]
     return {'step': step, 'train_loss': train_loss, 'val_loss': val_loss,
-            'hidden_norm': val_norm, 'elapsed_s': round(time.time() - t_start, 2),
-            'turn': state_turn(model, val_batches[0][0], 2 * K, ctx),
-            **hooks.values(model, val_batches[0], ctx)}
+            'hidden_norm': val_norm, 'turn': state_turn(model, batches['val'][0][0], 2 * K, ctx),
+            **hooks.values(model, batches['val'][0], ctx)}
 
 
 # ---- the run: set up, then the training loop
 
-def main(argv=None, parser=None, hooks=Hooks(), name=None):
-    """One run: python train.py's; lab/train.py passes its parser, hooks and run names. A check of
-    what the user gave (InputError) prints one line; anything else is a bug: its traceback shows."""
-    args = parse_args(argv, parser, name)
-    try:
-        train(args, given_flags(argv), hooks)
-    except InputError as e:
-        fail(e)
+@dataclass
+class Run:
+    """What the training loop works with, made once by setup() and never added to. Where training
+    stands (the step, the best loss, the last record) changes every step: the loop keeps it."""
+    args: argparse.Namespace  # the flags, with a resumed run's and the schedule's values in them
+    raw_model: nn.Module  # the plain model: checkpoints and evaluation use it
+    model: nn.Module  # what a step calls: raw_model, compiled in regions or wrapped by DDP
+    optimizer: torch.optim.Optimizer  # AdamW
+    scaler: torch.amp.GradScaler  # float16's loss scaling; a pass-through otherwise
+    data: Data  # the batches, and the seeded generator that draws them
+    ctx: object  # autocast to bf16 or float16, or nothing
+    device: str  # 'cpu', 'cuda:0', 'mps'
+    rank: int  # this process of world (torchrun); 0 of 1 alone
+    world: int
+    micro_steps: int  # forward/backward passes per optimizer step, in this process
+    ckpt: dict | None  # the checkpoint a resumed run continues, else None
 
 
-def train(args, given, hooks):
-    """Set up (all checked before out_dir is written: bad input never harms an earlier run), then
-    the loop: every eval_interval steps evaluate, save, then log; every step a batch through
-    forward, backward, clip and AdamW; every log_interval steps a progress line. Ctrl-C saves."""
-    # ---- the device and the processes (several under torchrun)
+def setup(args, given, hooks):
+    """The Run the flags describe, all of it checked before out_dir is written: bad input never
+    harms an earlier run. Resumed, the model, optimizer and batch order are the checkpoint's."""
     device, dtype, compile, ctx = resolve_device(args.device, args.dtype, args.compile)
-    device, rank, world = start_processes(device)
+    device, rank, world = start_processes(device)  # several under torchrun
     say = print if rank == 0 else (lambda *a, **k: None)
     say(f"device: {device} | dtype: {dtype} | compile: {compile}"
         + (' (auto: on for CUDA only)' if args.compile == 'auto' else '')
@@ -238,158 +254,171 @@ def train(args, given, hooks):
         raise InputError(f"--grad_accum={args.grad_accum} is not a multiple of the {world} "
                          "processes")
     micro_steps = 1 if args.grad_accum is None else args.grad_accum // world
-    # ---- a resumed run: args take the checkpoint's model, data, seed and schedule
+    # --resume: args take the checkpoint's model, data, seed and schedule (a clash is refused)
     ckpt = resume_args(args, given, device, fields(hooks.Config)) if args.resume else None
-    # ---- the data: a resumed run continues on the data it was trained on, checked
     data = Data(args.dataset, args.block_size, args.batch_size, device, args.seed + rank)
-    if ckpt is not None:
+    if ckpt is not None:  # a resumed run continues on the data it was trained on: checked
         check_same_data(ckpt, data.meta, data.identity, os.path.join(args.out_dir, 'ckpt.pt'))
     Model, config = hooks.model_config(args, data.meta['vocab_size'])
-    global_batch = args.batch_size * micro_steps * world
     # sets args.max_iters under --epochs, and lr_decay_iters and min_lr under --decay_lr
-    resolve_schedule(args, len(data.splits['train']), config.block_size, global_batch, say)
+    resolve_schedule(args, len(data.splits['train']), config.block_size,
+                     args.batch_size * micro_steps * world, say)
     check_folder(args.out_dir, args.resume, args.overwrite)
-    # ---- the model and the optimizer, fresh or as the checkpoint left them
     torch.manual_seed(args.seed)
-    raw_model = Model(config).to(device)  # the plain module: checkpoints and evaluation use it
+    raw_model = Model(config).to(device)
     kind = device.split(':')[0]  # 'cuda', 'cpu' or 'mps': the fused AdamW and the scaler ask
     optimizer = raw_model.configure_optimizers(args.weight_decay, args.learning_rate, kind)
-    # float16's loss scaling, so that small gradients do not flush to 0; else a pass-through
     scaler = torch.amp.GradScaler(kind, enabled=dtype == 'float16')
-    step, best_val_loss, last_eval_step, record = 0, float('inf'), -1, None
     if ckpt is not None:
-        step, best_val_loss, last_eval_step, record = restore(ckpt, raw_model, optimizer, scaler,
-                                                              data.gen, device)
+        restore(ckpt, raw_model, optimizer, scaler, data.gen, device)
         if rank > 0:  # only rank 0's batch order is saved; the others draw a fresh one
-            data.gen.manual_seed(args.seed + rank + 1000003 * step)
-        say(f"resuming {args.out_dir} at step {step} (model config from the checkpoint)")
-    model = raw_model  # what the loop calls: compiled in regions, wrapped by DDP
+            data.gen.manual_seed(args.seed + rank + 1000003 * ckpt['step'])
+    model = raw_model
     if compile:
         hooks.compile(raw_model)
     if world > 1:  # gradients averaged in backward; told if a step may leave some without one
         model = DDP(raw_model, device_ids=[torch.device(device)] if kind == 'cuda' else None,
                     find_unused_parameters=hooks.unused_parameters(config))
-    K, n_params = config.n_loop, raw_model.num_params()
-    say(f"{args.out_dir}: {type(raw_model).__name__}, {n_params:,} parameters, {config.n_layer} "
-        f"layers x {K} loops; global batch {global_batch} = {args.batch_size} x {micro_steps} "
-        f"micro-steps x {world} processes, {global_batch * config.block_size:,} tokens/step, "
-        f"{raw_model.flops_per_token() / 1e6:.1f} MFLOPs/token")
-    ok, lock = False, None
+    return Run(args, raw_model, model, optimizer, scaler, data, ctx, device, rank, world,
+               micro_steps, ckpt)
+
+
+def begin_log(run, say):
+    """Rank 0 locks out_dir for the run's life (a second run into it is refused here), checks it
+    again (one may have ended there meanwhile) and begins or reconciles its log. Returns (the
+    lock, or None on other ranks, the run's id)."""
+    args, c = run.args, run.raw_model.config
+    n_params, B = run.raw_model.num_params(), args.batch_size * run.micro_steps * run.world
+    say(f"{args.out_dir}: {type(run.raw_model).__name__}, {n_params:,} parameters, {c.n_layer} "
+        f"layers x {c.n_loop} loops; global batch {B} = {args.batch_size} x {run.micro_steps} "
+        f"micro-steps x {run.world} processes, {B * c.block_size:,} tokens/step, "
+        f"{run.raw_model.flops_per_token() / 1e6:.1f} MFLOPs/token")
+    if run.world > 1:  # every process has read out_dir and its checkpoint before rank 0 writes
+        dist.barrier()
+    if run.rank > 0:
+        return None, run.ckpt and run.ckpt.get('run_id')
     try:
-        if world > 1:  # every process has read out_dir and its checkpoint before rank 0 writes
-            dist.barrier()
-        # ---- the run folder: locked for the run's life, checked again, its log begun
-        run_id = ckpt and ckpt.get('run_id')
-        if rank == 0:
-            header = {'config': {**vars(args), 'model': config.to_dict(), 'num_params': n_params},
-                      'data': data.identity}
-            try:
-                os.makedirs(args.out_dir, exist_ok=True)
-            except OSError as e:
-                raise InputError(f"cannot write to {args.out_dir} ({e.strerror}); nothing was "
-                                 "trained") from None
-            lock = lock_folder(args.out_dir)  # a second run into this folder is refused here
-            check_folder(args.out_dir, args.resume, args.overwrite)  # one may have ended there
-            run_id = start_log(args.out_dir, args.overwrite, ckpt, header)
-        if ckpt is not None and ckpt['step'] >= args.max_iters:  # nothing left to do
-            say(f"{args.out_dir} is finished at step {ckpt['step']}; pass a larger --max_iters "
-                "to continue it")
-            ok = True
-            return
+        os.makedirs(args.out_dir, exist_ok=True)
+    except OSError as e:
+        raise InputError(f"cannot write to {args.out_dir} ({e.strerror}); nothing was trained") \
+            from None
+    lock = lock_folder(args.out_dir)
+    check_folder(args.out_dir, args.resume, args.overwrite)
+    header = {'config': {**vars(args), 'model': c.to_dict(), 'num_params': n_params},
+              'data': run.data.identity}
+    return lock, start_log(args.out_dir, args.overwrite, run.ckpt, header)
 
-        def save():
-            """ckpt.pt: enough to continue exactly, and to sample without the data folder."""
-            rng = {'torch': torch.get_rng_state(), 'batches': data.gen.get_state(),
-                   'cuda': torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
-            if rank == 0:  # the other processes hold the same weights
-                save_checkpoint(os.path.join(args.out_dir, 'ckpt.pt'), {
-                    'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(),
-                    'scaler': scaler.state_dict(), 'config': config.to_dict(), 'args': vars(args),
-                    'step': step, 'best_val_loss': best_val_loss, 'last_eval_step': last_eval_step,
-                    'record': record, 'meta': data.meta, 'data': data.identity, 'rng': rng,
-                    'run_id': run_id}, step)
 
-        # ---- the training loop
-        val_batches = data.fixed_batches('val', args.eval_iters)
-        train_batches = data.fixed_batches('train', args.eval_iters)
-        progress = Progress(step, global_batch * config.block_size, raw_model.flops_per_token(),
-                            device)
-        losses = []  # the training losses since the last check that they are finite
-        with Interrupts(world, say) as interrupts:
-            while True:
-                # evaluate, save, then log: a diverged run stops first, and is never saved
-                if (step % args.eval_interval == 0 or step == args.max_iters) \
-                        and step != last_eval_step:
-                    t_eval = time.time()
-                    check_finite(losses, step, args.out_dir)
-                    record = eval_record(raw_model, step, val_batches, train_batches, ctx,
-                                         progress.t_start, args.out_dir, hooks)
-                    best_val_loss = min(best_val_loss, record['val_loss'][K - 1])
-                    last_eval_step = step
-                    if step > 0:
-                        save()  # the checkpoint first: the log never runs ahead of it
-                    if rank == 0:
-                        log_record(os.path.join(args.out_dir, 'log.jsonl'), record)
-                    loss, norm = record['val_loss'], record['hidden_norm']
-                    say(f"eval {step}: val loss by depth {' '.join(f'{v:.3f}' for v in loss[:K])}"
-                        f" | 2K {loss[-1]:.3f} | ||h_k|| {' '.join(f'{v:.1f}' for v in norm[:K])}"
-                        f" | 2K {norm[-1]:.1f}{hooks.eval_extra(record)}")
-                    progress.t_last += time.time() - t_eval  # ms/step, tok/s: training alone
-                if step >= args.max_iters:
-                    break
-                # one optimizer step: micro_steps forward/backward passes, clip, AdamW
-                for group in optimizer.param_groups:
-                    group['lr'] = get_lr(args, step)
-                drawn = hooks.depth(raw_model, args.seed, step)  # None: K (a lab design draws)
-                lossf = cef = 0.0
-                for micro in range(micro_steps):
-                    x, y = data.train_batch()
-                    if world > 1:  # all-reduce the gradients after the last micro-step only
-                        model.require_backward_grad_sync = micro == micro_steps - 1
-                    with ctx:
-                        _, loss, stats = model(x, y, n_loop=drawn)
-                    scaler.scale(loss / micro_steps).backward()
-                    lossf = lossf + loss.detach() / micro_steps
-                    cef = cef + stats['ce'][-1] / micro_steps  # the last exit's, as the loss
-                if args.grad_clip > 0:
-                    scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
-                scale = scaler.get_scale() if scaler.is_enabled() else None
-                scaler.step(optimizer)
-                scaler.update()  # a lower scale after it: float16 overflowed, the step skipped
-                optimizer.zero_grad(set_to_none=True)
-                step += 1
-                # the bookkeeping: processes agree, divergence stops, progress, Ctrl-C saves
-                lossf, cef, stop = agree(world, lossf, cef, bool(interrupts.received))
-                losses.append(lossf)  # a non-finite loss is a divergence, always
-                if scale is not None and scaler.get_scale() < scale:  # the scaler skipped it
-                    progress.skips += 1
-                else:
-                    progress.losses.append(lossf)
-                    progress.ces.append(cef)
-                log_step = step % args.log_interval == 0 or step == args.max_iters
-                if log_step or stop or world > 1:
-                    check_finite(losses, step, args.out_dir)
-                if log_step:
-                    say(progress.line(step, args.max_iters, stats['hidden_norm'][-1].item(),
-                                      drawn))
-                if stop:
-                    save()
-                    if world > 1:  # no process exits before the save: torchrun kills the rest
-                        dist.barrier()
-                    say(f"saved {os.path.join(args.out_dir, 'ckpt.pt')} at step {step}; "
-                        "continue with the same flags plus --resume", flush=True)
-                    sys.exit(130)
-        if world > 1:
-            check_replicas(raw_model, world, device, say)
-        say(f"done: {step} steps in {fmt_time(time.time() - progress.t_start)}; final ||h_K|| "
-            f"{record['hidden_norm'][K - 1]:.1f}, val loss {record['val_loss'][K - 1]:.4f}; "
-            f"log {os.path.join(args.out_dir, 'log.jsonl')}")
+def save(run, step, best_val_loss, last_eval_step, record, run_id):
+    """ckpt.pt: enough to continue exactly, and to sample without the data folder."""
+    rng = {'torch': torch.get_rng_state(), 'batches': run.data.gen.get_state(),
+           'cuda': torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+    if run.rank == 0:  # the other processes hold the same weights
+        save_checkpoint(os.path.join(run.args.out_dir, 'ckpt.pt'), {
+            'model': run.raw_model.state_dict(), 'optimizer': run.optimizer.state_dict(),
+            'scaler': run.scaler.state_dict(), 'config': run.raw_model.config.to_dict(),
+            'args': vars(run.args), 'step': step, 'best_val_loss': best_val_loss,
+            'last_eval_step': last_eval_step, 'record': record, 'meta': run.data.meta,
+            'data': run.data.identity, 'rng': rng, 'run_id': run_id}, step)
+
+
+def main(argv=None, parser=None, hooks=Hooks(), name=None):
+    """One run: python train.py's; lab/train.py passes its parser, hooks and run names. A check of
+    what the user gave (InputError) prints one line; anything else is a bug: its traceback shows."""
+    args = parse_args(argv, parser, name)
+    lock, ok = None, False
+    try:
+        run = setup(args, given_flags(argv), hooks)
+        lock, run_id = begin_log(run, print if run.rank == 0 else lambda *a, **k: None)
+        train(run, hooks, run_id)
         ok = True
+    except InputError as e:
+        fail(e)
     finally:
         if lock is not None:  # the folder free for the next run
             os.close(lock)
         end_processes(ok)
+
+
+def train(run, hooks, run_id):
+    """The loop: every eval_interval steps evaluate, save, then log; every step a batch through
+    forward, backward, clip and AdamW; every log_interval steps a progress line. Ctrl-C saves."""
+    args, model, optimizer, scaler, data = run.args, run.model, run.optimizer, run.scaler, run.data
+    say, K = print if run.rank == 0 else (lambda *a, **k: None), run.raw_model.config.n_loop
+    step, best_val_loss, last_eval_step, record = 0, float('inf'), -1, None
+    if run.ckpt is not None:  # where the resumed run stood
+        step, best_val_loss = run.ckpt['step'], run.ckpt['best_val_loss']
+        last_eval_step, record = run.ckpt['last_eval_step'], run.ckpt.get('record')
+        say(f"resuming {args.out_dir} at step {step} (model config from the checkpoint)")
+        if step >= args.max_iters:  # nothing left to do
+            return say(f"{args.out_dir} is finished at step {step}; pass a larger --max_iters "
+                       "to continue it")
+    batches = {split: data.fixed_batches(split, args.eval_iters) for split in ('val', 'train')}
+    tokens = args.batch_size * run.micro_steps * run.world * run.raw_model.config.block_size
+    progress = Progress(step, tokens, run.raw_model.flops_per_token(), run.device)
+    losses = []  # the training losses since the last check that they are finite
+    with Interrupts(run.world, say) as interrupts:
+        while True:
+            # ---- evaluate, save, then log: a diverged run stops first, and is never saved
+            if (step % args.eval_interval == 0 or step == args.max_iters) \
+                    and step != last_eval_step:
+                t_eval = time.time()
+                check_finite(losses, step, args.out_dir)
+                record = eval_record(run.raw_model, step, batches, run.ctx, hooks, args.out_dir)
+                record['elapsed_s'] = round(time.time() - progress.t_start, 2)
+                best_val_loss = min(best_val_loss, record['val_loss'][K - 1])
+                last_eval_step = step
+                if step > 0:  # the checkpoint first: the log never runs ahead of it
+                    save(run, step, best_val_loss, last_eval_step, record, run_id)
+                if run.rank == 0:
+                    log_record(os.path.join(args.out_dir, 'log.jsonl'), record)
+                say(eval_line(record, K) + hooks.eval_extra(record))
+                progress.t_last += time.time() - t_eval  # ms/step and tok/s: training alone
+            if step >= args.max_iters:
+                break
+            # ---- one optimizer step: micro_steps forward/backward passes, clip, AdamW
+            for group in optimizer.param_groups:
+                group['lr'] = get_lr(args, step)
+            drawn = hooks.depth(run.raw_model, args.seed, step)  # None: K (a lab design draws)
+            lossf = cef = 0.0
+            for micro in range(run.micro_steps):
+                x, y = data.train_batch()
+                if run.world > 1:  # all-reduce the gradients after the last micro-step only
+                    model.require_backward_grad_sync = micro == run.micro_steps - 1
+                with run.ctx:
+                    _, loss, stats = model(x, y, n_loop=drawn)
+                scaler.scale(loss / run.micro_steps).backward()
+                lossf = lossf + loss.detach() / run.micro_steps
+                cef = cef + stats['ce'][-1] / run.micro_steps  # the last exit's, as the loss
+            if args.grad_clip > 0:
+                scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+                torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+            scale = scaler.get_scale() if scaler.is_enabled() else None
+            scaler.step(optimizer)
+            scaler.update()  # a lower scale after it: float16 overflowed and the step was skipped
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            # ---- the bookkeeping: processes agree, divergence stops, progress, Ctrl-C saves
+            lossf, cef, stop = agree(run.world, lossf, cef, bool(interrupts.received))
+            losses.append(lossf)  # a non-finite loss is a divergence, always
+            progress.count(lossf, cef, skipped=scale is not None and scaler.get_scale() < scale)
+            log_step = step % args.log_interval == 0 or step == args.max_iters
+            if log_step or stop or run.world > 1:
+                check_finite(losses, step, args.out_dir)
+            if log_step:
+                say(progress.line(step, args.max_iters, stats['hidden_norm'][-1].item(), drawn))
+            if stop:
+                save(run, step, best_val_loss, last_eval_step, record, run_id)
+                if run.world > 1:  # no process exits before the save: torchrun kills the rest
+                    dist.barrier()
+                say(f"saved {os.path.join(args.out_dir, 'ckpt.pt')} at step {step}; continue "
+                    "with the same flags plus --resume", flush=True)
+                sys.exit(130)
+    if run.world > 1:
+        check_replicas(run.raw_model, run.world, run.device, say)
+    say(f"done: {step} steps in {fmt_time(time.time() - progress.t_start)}; final ||h_K|| "
+        f"{record['hidden_norm'][K - 1]:.1f}, val loss {record['val_loss'][K - 1]:.4f}; "
+        f"log {os.path.join(args.out_dir, 'log.jsonl')}")
 
 
 if __name__ == '__main__':

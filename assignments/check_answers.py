@@ -32,7 +32,8 @@ CHECKS = {
                           lambda r, K: r['hidden_norm'][K - 1]),
     'a6_alpha_per_loop': ('A6 Q2', 'laptop-readout_alpha', 500, {'readout': 'alpha', 'supervision': 'per_loop'},
                           lambda r, K: r['alpha']),
-    'a6_alpha_terminal': ('A6 Q2', 'laptop-supervision_terminal-readout_alpha', 500, {'readout': 'alpha', 'supervision': 'terminal'},
+    'a6_alpha_terminal': ('A6 Q2', 'laptop-supervision_terminal-readout_alpha', 500,
+                          {'readout': 'alpha', 'supervision': 'terminal'},
                           lambda r, K: r['alpha']),
 }
 

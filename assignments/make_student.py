@@ -10,10 +10,11 @@ Left out, because they state answers or are for instructors: the project README 
 assignments/STUDENT_README.md: set-up, the assignments, how to run; no results), docs/ (the results pages),
 figures/, the answer key, mutation suite and instructor guide (assignments/key/), the autograder builder
 (assignments/autograder/), the project's own test suite (tests/, whose science tests and instructor check state
-results), the project's CI script (.ci/, which runs tests/) and this tool with its list (stubs.py). Sentences of the kept files that answer a written
-question or point at a left-out file are rewritten in the copy as assignments/key/redactions.py lists them; the
-reference files are not touched. It runs only from the instructor's repository (a git checkout with the
-reference code): from a student copy it would copy the student's code as the reference, so it refuses.
+results), the project's CI script (.ci/, which runs tests/) and this tool with its list (stubs.py). Sentences of the
+kept files that answer a written question or point at a left-out file are rewritten in the copy as
+assignments/key/redactions.py lists them; the reference files are not touched. It runs only from the instructor's
+repository (a git checkout with the reference code): from a student copy it would copy the student's code as the
+reference, so it refuses.
 
 Which functions belong to which assignment is listed in assignments/stubs.py; the bodies are found by
 qualified name with Python's ast module, so the reference files need no markers.
@@ -130,7 +131,8 @@ def stub_source(source, qualnames, message):
         if fn is None:
             raise SystemExit(f"make_student.py: error: {qualname} not found; assignments/stubs.py is out of date")
         first = fn.body[0]
-        has_doc = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)
+        has_doc = (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+                   and isinstance(first.value.value, str))
         body = fn.body[1:] if has_doc else fn.body
         start = first.end_lineno if has_doc else first.lineno - 1  # 0-based index of the first line to cut
         while not has_doc and lines[start - 1].strip().startswith('#'):

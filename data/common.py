@@ -1,15 +1,17 @@
 """
-What every prepare script and every reader of a dataset shares: reading a text, downloading a file from the
-first source that works, writing a dataset folder so that it is never seen half-written, and reading one back
-with every check (so that a checkpoint and the data it is read with are known to be the same data).
+What every prepare script and every reader of a dataset shares: reading a text, downloading a file
+from the first source that works, writing a dataset folder so that it is never seen half-written,
+and reading one back with every check (so that a checkpoint and the data it is read with are known
+to be the same data).
 
-A dataset folder holds train.bin and val.bin (uint16 token ids) and meta.json: the vocabulary, plus the size and
-a hash of each .bin file. meta.json is written last, so a prepare interrupted between its renames leaves .bin
-files that do not match it, which read_dataset refuses. A folder from elsewhere (nanoGPT's) may have meta.pkl
-instead; it is read with an unpickler that admits plain containers, strings and numbers only.
+A dataset folder holds train.bin and val.bin (uint16 token ids) and meta.json: the vocabulary, plus
+the size and a hash of each .bin file. meta.json is written last, so a prepare interrupted between
+its renames leaves .bin files that do not match it, which read_dataset refuses. A folder from
+elsewhere (nanoGPT's) may have meta.pkl instead; it is read with an unpickler that admits plain
+containers, strings and numbers only.
 
-This module imports nothing of data/ itself, so every prepare script can import it and none imports another's
-helpers through the package.
+This module imports nothing of data/ itself, so every prepare script can import it and none imports
+another's helpers through the package.
 """
 
 import hashlib
@@ -26,8 +28,10 @@ import numpy as np
 
 FILES = ('train.bin', 'val.bin', 'meta.json')
 MAX_VOCAB = 65536  # uint16 token ids
-# Some hosts refuse Python's own "Python-urllib/3.x" (the WikiText author's mirror answers it with 403).
-USER_AGENT = 'Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0 (looped prepare script)'
+# Some hosts refuse Python's own "Python-urllib/3.x" (the WikiText author's mirror answers it with
+# 403).
+USER_AGENT = ('Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0 '
+              '(looped prepare script)')
 
 
 class InputError(ValueError):
@@ -41,7 +45,8 @@ class PrepareError(InputError):
 
 
 def read_text(path):
-    """The UTF-8 text of a file; PrepareError in one line for a missing, unreadable or binary file."""
+    """The UTF-8 text of a file; PrepareError in one line for a missing, unreadable or binary
+    file."""
     try:
         with open(path, encoding='utf-8') as f:
             return f.read()
@@ -52,19 +57,21 @@ def read_text(path):
 
 
 def open_new(path):
-    """A fresh file at path, opened for binary writing. Whatever was there is unlinked first (a symlink planted
-    there is removed, never followed), and the new file is created exclusively and without following links, so
-    a writer can never be turned into overwriting some other file."""
+    """A fresh file at path, opened for binary writing. Whatever was there is unlinked first (a
+    symlink planted there is removed, never followed), and the new file is created exclusively and
+    without following links, so a writer can never be turned into overwriting some other file."""
     if os.path.lexists(path):
         os.remove(path)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, 'O_NOFOLLOW', 0) | getattr(os, 'O_BINARY', 0)
+    flags = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, 'O_NOFOLLOW', 0)
+             | getattr(os, 'O_BINARY', 0))
     return os.fdopen(os.open(path, flags, 0o644), 'wb')
 
 
 def write_atomically(path, write):
-    """Fill a fresh temporary file beside path with write(f), then rename it over path: a link planted at path
-    (or at its temporary) is replaced, never followed, and a failure leaves whatever was at path as it was.
-    Missing folders on the way to path are created (every writer in the repository comes through here)."""
+    """Fill a fresh temporary file beside path with write(f), then rename it over path: a link
+    planted at path (or at its temporary) is replaced, never followed, and a failure leaves whatever
+    was at path as it was. Missing folders on the way to path are created (every writer in the
+    repository comes through here)."""
     tmp = path + '.tmp'
     os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
     try:
@@ -77,17 +84,21 @@ def write_atomically(path, write):
 
 
 def check_writable(path):
-    """Before long work whose result goes to path: ValueError in one line if path is a folder or its folder
-    cannot take a new file (so the error comes first, not after the work)."""
+    """Before long work whose result goes to path: ValueError in one line if path is a folder or its
+    folder cannot take a new file (so the error comes first, not after the work)."""
     if os.path.isdir(path):
-        raise ValueError(f"{path} is a folder; give a file name (for example {os.path.join(path, 'out.png')})")
+        raise ValueError(f"{path} is a folder; give a file name "
+                         f"(for example {os.path.join(path, 'out.png')})")
     missing, folder = [], os.path.abspath(os.path.dirname(path) or '.')
-    while not os.path.exists(folder):  # folders the probe creates, removed again: a check leaves nothing behind
+    # folders the probe creates, removed again: a check leaves nothing behind
+    while not os.path.exists(folder):
         missing.append(folder)
         folder = os.path.dirname(folder)
-    probe = f"{path}.probe{os.getpid()}"  # one per process: two workers started together do not collide
+    # one per process: two workers started together do not collide
+    probe = f"{path}.probe{os.getpid()}"
     try:
-        for attempt in range(3):  # another process's check may remove a folder this one has just made
+        # another process's check may remove a folder this one has just made
+        for attempt in range(3):
             os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
             try:
                 with open_new(probe):
@@ -107,9 +118,11 @@ def check_writable(path):
 
 
 def _fetch(url, path, timeout):
-    """Stream url into path, printing bytes, MB/s and ETA; raises on any HTTP, network or length problem."""
+    """Stream url into path, printing bytes, MB/s and ETA; raises on any HTTP, network or length
+    problem."""
     request = urllib.request.Request(url, headers={'User-Agent': USER_AGENT})
-    with urllib.request.urlopen(request, timeout=timeout) as r, open_new(path) as f:  # redirects are followed
+    # redirects are followed
+    with urllib.request.urlopen(request, timeout=timeout) as r, open_new(path) as f:
         total = int(r.headers.get('Content-Length') or 0)
         done, t0, shown = 0, time.time(), 0.0
         while chunk := r.read(1 << 20):
@@ -120,7 +133,8 @@ def _fetch(url, path, timeout):
                 rate = done / max(now - t0, 1e-6)
                 eta = f", ETA {(total - done) / rate:.0f} s" if total else ''
                 of = f" of {total / 1e6:.1f}" if total else ''
-                print(f"\r  {done / 1e6:.1f}{of} MB, {rate / 1e6:.1f} MB/s{eta}   ", end="", flush=True)
+                print(f"\r  {done / 1e6:.1f}{of} MB, {rate / 1e6:.1f} MB/s{eta}   ", end="",
+                      flush=True)
                 shown = now
         print()
         if total and done != total:
@@ -128,10 +142,11 @@ def _fetch(url, path, timeout):
 
 
 def download(urls, dest, verify, timeout=30):
-    """Keep as dest the first of urls whose file passes verify(path) (which raises PrepareError with the reason
-    when it does not). Each source is streamed to dest + '.tmp', checked, and only then renamed to dest, so
-    nothing half-downloaded is ever taken for the file. Any failure is one line, and the next source is tried.
-    Returns the url used; PrepareError listing every source and its reason when none works."""
+    """Keep as dest the first of urls whose file passes verify(path) (which raises PrepareError with
+    the reason when it does not). Each source is streamed to dest + '.tmp', checked, and only then
+    renamed to dest, so nothing half-downloaded is ever taken for the file. Any failure is one line,
+    and the next source is tried. Returns the url used; PrepareError listing every source and its
+    reason when none works."""
     tmp, failures = dest + '.tmp', []
     for url in urls:
         print(f"downloading {url}", flush=True)
@@ -142,38 +157,44 @@ def download(urls, dest, verify, timeout=30):
             return url
         except urllib.error.HTTPError as e:  # before OSError: an HTTPError is one
             why = f"HTTP {e.code} {e.reason}"
-        except (OSError, http.client.HTTPException, PrepareError) as e:  # timeouts, refusals, cut connections
+        # timeouts, refusals, cut connections
+        except (OSError, http.client.HTTPException, PrepareError) as e:
             why = str(getattr(e, 'reason', None) or e) or type(e).__name__
         if os.path.lexists(tmp):
             os.remove(tmp)
-        print(f"  failed: {why}; trying the next source" if url != urls[-1] else f"  failed: {why}", flush=True)
+        print(f"  failed: {why}; trying the next source" if url != urls[-1] else f"  failed: {why}",
+              flush=True)
         failures.append(f"{url} ({why})")
     raise PrepareError("no source worked: " + '; '.join(failures))
 
 
 def file_hash(data):
-    """The size of a file's bytes and a SHA-256 of its first and last megabyte: cheap for a 200 MB split, and
-    any re-preparation changes it (ids shift, the length changes, or both)."""
+    """The size of a file's bytes and a SHA-256 of its first and last megabyte: cheap for a 200 MB
+    split, and any re-preparation changes it (ids shift, the length changes, or both)."""
     return [len(data), hashlib.sha256(bytes(data[:1 << 20]) + bytes(data[-(1 << 20):])).hexdigest()]
 
 
 def vocab_hash(meta):
     """A hash of the vocabulary itself (everything in meta but the file hashes)."""
     vocab = {k: v for k, v in meta.items() if k != 'files'}
-    return hashlib.sha256(json.dumps(vocab, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+    return hashlib.sha256(
+        json.dumps(vocab, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 
 
 def write_dataset(out_dir, train_ids, val_ids, meta):
-    """Write train.bin, val.bin (uint16) and meta.json into out_dir. Everything is checked first, then all three
-    files are written beside the old ones (*.tmp) and renamed into place, meta.json (which holds the other two's
-    hashes) last: a failure at any point (a vocabulary too large for uint16, a full disk, a read-only folder, a
-    kill) leaves either the old dataset or one that read_dataset refuses, never a mix that looks whole."""
+    """Write train.bin, val.bin (uint16) and meta.json into out_dir. Everything is checked first,
+    then all three files are written beside the old ones (*.tmp) and renamed into place, meta.json
+    (which holds the other two's hashes) last: a failure at any point (a vocabulary too large for
+    uint16, a full disk, a read-only folder, a kill) leaves either the old dataset or one that
+    read_dataset refuses, never a mix that looks whole."""
     if not 1 <= meta['vocab_size'] <= MAX_VOCAB:
-        raise PrepareError(f"a vocabulary of {meta['vocab_size']:,} does not fit uint16 token ids (at most 65,536)")
+        raise PrepareError(f"a vocabulary of {meta['vocab_size']:,} does not fit uint16 token ids "
+                           "(at most 65,536)")
     arrays = {'train.bin': np.asarray(train_ids), 'val.bin': np.asarray(val_ids)}
     for name, ids in arrays.items():
         if ids.size == 0 or ids.min() < 0 or ids.max() >= meta['vocab_size']:
-            raise PrepareError(f"{name}: token ids must be in 0..{meta['vocab_size'] - 1} and there must be some")
+            raise PrepareError(f"{name}: token ids must be in 0..{meta['vocab_size'] - 1} and "
+                               "there must be some")
     blobs = {name: ids.astype(np.uint16).tobytes() for name, ids in arrays.items()}
     blobs['meta.json'] = json.dumps({**meta, 'files': {n: file_hash(b) for n, b in blobs.items()}},
                                     ensure_ascii=False).encode()
@@ -182,29 +203,34 @@ def write_dataset(out_dir, train_ids, val_ids, meta):
         for name, blob in blobs.items():
             with open_new(os.path.join(out_dir, name + '.tmp')) as f:
                 f.write(blob)
-        for name in blobs:  # meta.json last: until it lands, the new .bin files do not match the meta present
+        # meta.json last: until it lands, the new .bin files do not match the meta present
+        for name in blobs:
             os.replace(os.path.join(out_dir, name + '.tmp'), os.path.join(out_dir, name))
     except OSError as e:
-        raise PrepareError(f"cannot write to {out_dir} ({e.strerror or e}); nothing there was changed") from None
+        raise PrepareError(f"cannot write to {out_dir} ({e.strerror or e}); nothing there was "
+                           "changed") from None
     finally:  # an interrupted or failed prepare leaves no .tmp behind
         for name in blobs:
             if os.path.lexists(os.path.join(out_dir, name + '.tmp')):
                 os.remove(os.path.join(out_dir, name + '.tmp'))
-    if os.path.lexists(os.path.join(out_dir, 'meta.pkl')):  # an older prepare's vocabulary: meta.json replaces it
+    # an older prepare's vocabulary: meta.json replaces it
+    if os.path.lexists(os.path.join(out_dir, 'meta.pkl')):
         os.remove(os.path.join(out_dir, 'meta.pkl'))
 
 
 class PlainUnpickler(pickle.Unpickler):
-    """Reads pickles of plain data only (dicts, lists, tuples, strings, numbers, booleans, None): those need no
-    class lookup, so any pickle that names a class or a function (the way a pickle runs code) is refused."""
+    """Reads pickles of plain data only (dicts, lists, tuples, strings, numbers, booleans, None):
+    those need no class lookup, so any pickle that names a class or a function (the way a pickle
+    runs code) is refused."""
 
     def find_class(self, module, name):
         raise pickle.UnpicklingError(f"it names {module}.{name}, and only plain data is read")
 
 
 def read_meta(folder):
-    """The vocabulary of a dataset folder: meta.json, or a foreign meta.pkl read as plain data only. ValueError in
-    one line for anything else, or for a meta without an integer vocab_size that uint16 ids can address."""
+    """The vocabulary of a dataset folder: meta.json, or a foreign meta.pkl read as plain data only.
+    ValueError in one line for anything else, or for a meta without an integer vocab_size that
+    uint16 ids can address."""
     path = os.path.join(folder, 'meta.json')
     try:
         if os.path.exists(path):
@@ -215,19 +241,22 @@ def read_meta(folder):
             with open(path, 'rb') as f:
                 meta = PlainUnpickler(io.BytesIO(f.read())).load()
     except (OSError, ValueError, pickle.UnpicklingError, EOFError) as e:
-        raise InputError(f"{path} is unreadable or not plain data ({e}); prepare the dataset again") from None
+        raise InputError(f"{path} is unreadable or not plain data ({e}); prepare the dataset "
+                         "again") from None
     size = meta.get('vocab_size') if isinstance(meta, dict) else None
     if not (isinstance(size, int) and not isinstance(size, bool) and 1 <= size <= MAX_VOCAB):
-        raise InputError(f"{path} needs an integer vocab_size between 1 and {MAX_VOCAB:,} (uint16 ids); it has {size!r}")
+        raise InputError(f"{path} needs an integer vocab_size between 1 and {MAX_VOCAB:,} "
+                         f"(uint16 ids); it has {size!r}")
     return meta
 
 
 def read_dataset(folder):
-    """(meta, {split: uint16 memmap}, identity) for a prepared folder, after every check: the vocabulary is
-    plain data, each split is a non-empty file of whole uint16 ids all below vocab_size, and (for folders this
-    repository prepared) each split matches the hash in meta.json. identity names the data: its absolute path,
-    the vocabulary's hash and each split's size and hash; a checkpoint carries it, so that whoever reads the
-    checkpoint with data can check that it is the same data. ValueError in one line otherwise."""
+    """(meta, {split: uint16 memmap}, identity) for a prepared folder, after every check: the
+    vocabulary is plain data, each split is a non-empty file of whole uint16 ids all below
+    vocab_size, and (for folders this repository prepared) each split matches the hash in meta.json.
+    identity names the data: its absolute path, the vocabulary's hash and each split's size and
+    hash; a checkpoint carries it, so that whoever reads the checkpoint with data can check that it
+    is the same data. ValueError in one line otherwise."""
     meta = read_meta(folder)
     splits, files = {}, {}
     for split in ('train', 'val'):
@@ -236,27 +265,30 @@ def read_dataset(folder):
             raise InputError(f"{path} is not a file; prepare the dataset again")
         size = os.path.getsize(path)
         if size == 0 or size % 2:
-            raise InputError(f"{path} has {size:,} bytes: {'no' if size == 0 else 'not whole'} uint16 token ids")
+            raise InputError(f"{path} has {size:,} bytes: {'no' if size == 0 else 'not whole'} "
+                             "uint16 token ids")
         data = np.memmap(path, dtype=np.uint16, mode='r')
         files[f'{split}.bin'] = file_hash(data.view(np.uint8))
         expected = meta.get('files', {}).get(f'{split}.bin')
         if expected is not None and expected != files[f'{split}.bin']:
-            raise InputError(f"{path} does not match {folder}/meta.json (a prepare interrupted between its renames?); "
-                             "prepare the dataset again")
+            raise InputError(f"{path} does not match {folder}/meta.json (a prepare interrupted "
+                             "between its renames?); prepare the dataset again")
         if int(data.max()) >= meta['vocab_size']:
-            raise InputError(f"{path} holds token id {int(data.max())}, outside the vocabulary of {meta['vocab_size']}")
+            raise InputError(f"{path} holds token id {int(data.max())}, outside the vocabulary of "
+                             f"{meta['vocab_size']}")
         splits[split] = data
     identity = {'path': os.path.abspath(folder), 'vocab': vocab_hash(meta), 'files': files}
     return meta, splits, identity
 
 
 def check_same_data(ckpt, meta, identity, name):
-    """A checkpoint is only ever continued or read with the data it was trained on: ValueError in one line naming
-    both when the data at hand differs. A checkpoint from before data identities were recorded is checked
-    against its own copy of the vocabulary."""
+    """A checkpoint is only ever continued or read with the data it was trained on: ValueError in
+    one line naming both when the data at hand differs. A checkpoint from before data identities
+    were recorded is checked against its own copy of the vocabulary."""
     recorded, why = ckpt.get('data'), ''
     if recorded is None:
-        why = '' if vocab_hash(ckpt.get('meta') or {}) == vocab_hash(meta) else 'the vocabulary differs'
+        why = ('' if vocab_hash(ckpt.get('meta') or {}) == vocab_hash(meta)
+               else 'the vocabulary differs')
     elif recorded['vocab'] != identity['vocab']:
         why = 'the vocabulary differs'
     else:
@@ -267,11 +299,13 @@ def check_same_data(ckpt, meta, identity, name):
             elif here[0] != value[0]:
                 why = f"{split} differs in size: {value[0]:,} bytes recorded, {here[0]:,} here"
             elif here != value:
-                why = (f"{split} differs in content: the same {value[0]:,} bytes, but the SHA-256 of its first and "
-                       f"last MiB is {here[1][:12]}... here, {value[1][:12]}... recorded")
+                why = (f"{split} differs in content: the same {value[0]:,} bytes, but the "
+                       f"SHA-256 of its first and last MiB is {here[1][:12]}... here, "
+                       f"{value[1][:12]}... recorded")
             if why:
                 break
     if why:
         trained_on = recorded['path'] if recorded else 'other data'
-        raise InputError(f"{name} was trained on {trained_on}, and {identity['path']} is not that data ({why}); "
-                         "use the dataset it was trained on (--dataset), or start a new run")
+        raise InputError(f"{name} was trained on {trained_on}, and {identity['path']} is not that "
+                         f"data ({why}); use the dataset it was trained on (--dataset), or start a "
+                         "new run")

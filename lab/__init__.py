@@ -10,9 +10,9 @@ loop train.py, at the repository's root; the tools here run from the root as `py
     designs        the field's looped designs, an extension of looped.py's model: DesignConfig, DesignedGPT, and
                    their train.py flags (add_design_flags; any of them on, train.py trains DesignedGPT)
     configs        the variant fields that name runs and conditions (train.py's named configurations and
-                   nanoGPT's habits, from data/, read here under the lab's names)
+                   nanoGPT's habits, from plumbing/, read here under the lab's names)
     engine         generation: the KV cache per layer and loop, per-sequence early exit, the exit rules
-    runs           the lock a grid's worker holds on a run folder, loading a checkpoint, the names of runs
+    runs           loading a checkpoint as the class that trained it, the names of runs
     runtime        device, dtype and compile for the lab's tools (resolve_device), MFU, timing
     grid           the grids of conditions, training them, reading their logs
     stats          paired statistics across seeds
@@ -25,6 +25,9 @@ loop train.py, at the repository's root; the tools here run from the root as `py
     cost           where the blind spot costs: the cost grid's predictions and tables (python -m lab.cost)
     converge       cost or delay: the cost at convergence and at each readout's best rate (python -m lab.converge)
     interaction    whose cost: the readout x loops interaction at the convergence recipe (python -m lab.interaction)
+    one_pass       why rmsnorm costs with one pass: the head, the stack's scale, the endpoint, the rate
+                   (python -m lab.one_pass)
+    answers        the answer tokens' loss and accuracy by exit depth, on a task with answers (python -m lab.answers)
     norm_course    the norm's course over long training (python -m lab.norm_course)
     bench          the training step's speed (python -m lab.bench)
     compare        this checkout's step and generation timed against another's (python -m lab.compare)

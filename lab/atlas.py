@@ -118,7 +118,8 @@ def sharper(got):
         a, b = got['rmsnorm']['per_seed'], got['raw']['per_seed']
         ratio = np.array([a[s]['norm'] / b[s]['norm'] for s in seeds])
         out['ratio'] = (ratio.mean(), sample_sd(ratio))
-        out['cost'] = paired_stats([[a[s]['loss_K'] - b[s]['loss_K'], a[s]['loss_2K'] - b[s]['loss_2K']] for s in seeds])
+        out['cost'] = paired_stats([[a[s]['loss_K'] - b[s]['loss_K'], a[s]['loss_2K'] - b[s]['loss_2K']]
+                                    for s in seeds])
     for readout, s in got.items():
         fits = [f['fit'] for f in s['per_seed'].values()]
         if fits and all(f is not None for f in fits):
@@ -157,8 +158,8 @@ def tables(results, unigram, after):
                              'yes' if learns(s, unigram) else 'no', want, level, agree(ok).strip('*'),
                              *([f"{g['b']:.3f}", f"{g['spread'][0]:.3f}", f"{g['spread'][1]:.3f}",
                                 'yes' if g['growing'] else 'no'] if g else ['', '', '', ''])])
-    text = (f"Table 1. The state's scale per design, at the last evaluation, mean ± sample SD (ddof 1) over seeds. Predictions "
-            f"(grid.DESIGNS, written before the runs): 'carried' means ‖h_K‖/‖h_1‖ > {CARRIED:g} (nothing "
+    text = (f"Table 1. The state's scale per design, at the last evaluation, mean ± sample SD (ddof 1) over seeds. "
+            f"Predictions (grid.DESIGNS, written before the runs): 'carried' means ‖h_K‖/‖h_1‖ > {CARRIED:g} (nothing "
             f"renormalizes the state between loops), 'large' means ‖h_K‖ > {LARGE:g}. A readout whose runs did not "
             f"learn (Table 2) carries no verdict.\n\n" + markdown(head1, rows1)
             + "\n\nWhy each prediction was made:\n\n" + '\n'.join(f"- {d}: {DESIGNS[d].why}" for d in results)
@@ -178,7 +179,8 @@ def table3(results, unigram, after):
         if not g:
             return 'fewer than 3 evaluations'
         kind = '95% t' if g['seeds'] == 1 else f"seeds' range, {g['seeds']} seeds"
-        return f"{g['b']:+.3f} [{g['spread'][0]:+.3f}, {g['spread'][1]:+.3f}] ({kind}); {'yes' if g['growing'] else 'no'}"
+        return (f"{g['b']:+.3f} [{g['spread'][0]:+.3f}, {g['spread'][1]:+.3f}] ({kind}); "
+                f"{'yes' if g['growing'] else 'no'}")
 
     def cost(c, i):
         if not c:

@@ -365,7 +365,8 @@ def peak_memory(s):
                 gc.collect()  # a compiled model refers to itself (lab.runtime.compile_regions), so only gc frees it
                 torch.cuda.empty_cache()
             s.add('peak memory', f"{s.name} V={vocab:,}, {'compiled' if compile else 'eager'}: per_loop / terminal",
-                  f"{peaks['per_loop']:,.0f} / {peaks['terminal']:,.0f} MiB = {peaks['per_loop'] / peaks['terminal']:.2f}x",
+                  f"{peaks['per_loop']:,.0f} / {peaks['terminal']:,.0f} MiB = "
+                  f"{peaks['per_loop'] / peaks['terminal']:.2f}x",
                   '<= 1.25x')
 
 
@@ -378,13 +379,16 @@ def throughput(s):
             for attention in ('sdpa', 'manual'):
                 what = f"{s.name} {supervision}, {'compiled' if compile else 'eager'}, {attention}"
                 if compile and not s.gpu and (supervision, attention) != ('per_loop', 'sdpa'):
-                    s.skipped.append(f"tokens/s: {what} (on a CPU only one compiled row: each compile costs seconds here)")
+                    s.skipped.append(f"tokens/s: {what} (on a CPU only one compiled row: each compile costs "
+                                     "seconds here)")
                     continue
-                model, opt, x, y = build(s.rt, s.V, s.B, compile, supervision=supervision, attention=attention, **s.dims)
+                model, opt, x, y = build(s.rt, s.V, s.B, compile, supervision=supervision, attention=attention,
+                                         **s.dims)
                 dt, warm = time_steps(model, opt, s.rt, x, y, s.steps, 3)
                 tok_s = x.numel() / dt
                 goal = '>= 40% MFU' if s.gpu and supervision == 'per_loop' and compile and attention == 'sdpa' else ''
-                s.add('tokens/s, MFU', what, f"{tok_s:,.0f} tok/s, MFU {fmt_mfu(tok_s, model.flops_per_token(), s.peak)}"
+                s.add('tokens/s, MFU', what,
+                      f"{tok_s:,.0f} tok/s, MFU {fmt_mfu(tok_s, model.flops_per_token(), s.peak)}"
                       f" ({dt * 1000:.1f} ms/step, warm-up {warm:.1f} s)", goal)
                 if compile and supervision == 'per_loop' and attention == 'sdpa':
                     compiled_model = (model, opt, x, y)
@@ -426,7 +430,8 @@ def compiled_vs_eager(s):
             losses[compile].append(train_step(model, opt, rt, x, y).item())
     diff = max(abs(a - b) for a, b in zip(losses[False], losses[True]))
     # the last model built is the compiled side: a row that compared eager with eager would prove nothing
-    regions = sum(b._compiled_call_impl is not None for b in model.blocks) + hasattr(model.head_loss, '_torchdynamo_orig_callable')
+    regions = (sum(b._compiled_call_impl is not None for b in model.blocks)
+               + hasattr(model.head_loss, '_torchdynamo_orig_callable'))
     s.add('compiled vs eager loss', f"{s.name} per_loop, 20 steps", f"largest difference {diff:.2e} (final loss "
           f"{losses[True][-1]:.3f}; {regions} of {len(model.blocks) + 1} regions compiled)", '<= 1e-2')
 
@@ -442,8 +447,8 @@ def blind_spot(s):
         found = {}
         with tempfile.TemporaryDirectory() as tmp:
             for readout in ('rmsnorm', 'raw'):
-                print(f"  [{time.time() - s.t_start:4.0f} s] training the blind-spot pair: {readout}, {pair_steps} steps",
-                      flush=True)
+                print(f"  [{time.time() - s.t_start:4.0f} s] training the blind-spot pair: {readout}, "
+                      f"{pair_steps} steps", flush=True)
                 out = os.path.join(tmp, readout)
                 with open(os.devnull, 'w') as quiet, contextlib.redirect_stdout(quiet):
                     train.main([*pair, f'--readout={readout}', f'--out_dir={out}'])
@@ -451,7 +456,8 @@ def blind_spot(s):
                     last = [json.loads(line) for line in f][-1]
                 found[readout] = (last['hidden_norm'][3], last['val_loss'][3])  # loop K = 4 in both configurations
         s.add('blind spot', f"{config}{'' if s.gpu else ' (tiny)'}, {pair_steps} steps: final ‖h_K‖ rmsnorm / raw",
-              f"{found['rmsnorm'][0]:,.1f} / {found['raw'][0]:,.1f} (val loss {found['rmsnorm'][1]:.3f} / {found['raw'][1]:.3f})",
+              f"{found['rmsnorm'][0]:,.1f} / {found['raw'][0]:,.1f} "
+              f"(val loss {found['rmsnorm'][1]:.3f} / {found['raw'][1]:.3f})",
               'rmsnorm >> raw')
     except (SystemExit, ValueError) as e:  # no dataset here and no network to fetch it
         s.skipped.append(f"blind spot pair: {e}")
@@ -484,6 +490,7 @@ def suite(json_path):
     compiled_vs_eager(s)
     blind_spot(s)
     report(s, json_path)
+
 
 if __name__ == '__main__':
     main()

@@ -355,8 +355,8 @@ def accounts(cells, first_step=100):
     cost = gap + deficit
     share = lambda t: float(np.cov(t, cost)[0, 1] / cost.var(ddof=1))
     r = lambda t: float(np.corrcoef(t, cost)[0, 1])
-    out = {'points': len(cost), 'pairs': pairs, 'first exit': (share(gap), r(gap)), 'wasted loops': (share(deficit), r(deficit)),
-           'turn': spearman(turn, gain), 'turn points': len(turn)}
+    out = {'points': len(cost), 'pairs': pairs, 'first exit': (share(gap), r(gap)),
+           'wasted loops': (share(deficit), r(deficit)), 'turn': spearman(turn, gain), 'turn points': len(turn)}
     out['holds'] = {name: out[name][0] >= ACCOUNT_SHARE and out[name][1] >= ACCOUNT_R for name in ACCOUNTS}
     out['holds']['wasted loops'] = out['holds']['wasted loops'] and out['turn'] >= 0.5
     return out

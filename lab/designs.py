@@ -359,7 +359,8 @@ class DesignedGPT(LoopedGPT):
     # ---- STARS's Jacobian penalty
 
     def add_jacobian_penalty(self, loss, h, e, stats):
-        """loss + w * ||v^T J||^2 at h = h_K, as STARS, when the penalty is on; the estimate goes to stats['jacobian']."""
+        """loss + w * ||v^T J||^2 at h = h_K, as STARS, when the penalty is on; the estimate goes to
+        stats['jacobian']."""
         if self.config.jacobian_penalty > 0 and torch.is_grad_enabled():
             stats['jacobian'] = jac = self.pass_jacobian(h, e)
             loss = loss + self.config.jacobian_penalty * jac ** 2
@@ -539,7 +540,8 @@ DESIGNS = {
                            tag='gate_'),
         'gate_beta': Flag('gated: beta in sum_k p_k CE_k - beta H(p); H <= ln 4 = 1.39 at K = 4', 0.2, tag='beta')},
         logs=(Logged('exit_prob', _numbers('exit p', 3), on=lambda m: getattr(m, 'exit_gate', None) is not None),
-              Logged('gate_logit', _numbers('|gate logit|', 1), on=lambda m: getattr(m, 'exit_gate', None) is not None)),
+              Logged('gate_logit', _numbers('|gate logit|', 1),
+                     on=lambda m: getattr(m, 'exit_gate', None) is not None)),
         pinned={'gated': {'supervision': 'gated'},
                 'gated readout': {'supervision': 'gated', 'gate_input': 'readout', 'gate_beta': 0.3}}),
     'gpt2 init': Design(['--init=gpt2'], {'init': Flag(

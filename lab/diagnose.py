@@ -8,6 +8,7 @@ clamps, and the lemma check over 30 loops); in a gated run, what bounds the exit
     python -m lab.diagnose --out_dir=out/laptop --only=depth --max_windows=200
     python -m lab.diagnose --out_dir=out/laptop --only=lemma --fig=figures/laptop/lemma_rmsnorm.png
     python -m lab.diagnose --out_dir=out/laptop-supervision_gated --only=gate
+    python -m lab.diagnose --out_dir=out/laptop --only=layers   # ||h|| after every layer of every pass
 
 Depth and exit numbers use non-overlapping windows of block_size tokens, so every validation token (all but
 the last few that do not fill a window) is predicted exactly once. The scale diagnostics use the first
@@ -33,6 +34,7 @@ from data import find_dataset
 from data.common import check_same_data, check_writable, read_dataset
 from lab.report import at_least, markdown, pyplot, save_figure, tool_parser
 from lab.runs import condition_name, load_model
+from looped import LoopedGPT
 from lab.runtime import resolve_device, synchronize
 from lab.engine import EXITS, angle_deg, latent_change
 
@@ -53,7 +55,7 @@ def windows(tokens, T, max_windows=None):
 
 def readout_logp(model, h, k):
     """Loop k's log-probabilities from h_k, in float32 (the entropy and KL scores need them exact)."""
-    return F.log_softmax(model.lm_head(model.exit_input(h, k)).float(), dim=-1)  # (B, T, V)
+    return F.log_softmax(model.head_loss(model.exit_input(h, k))[0].float(), dim=-1)  # (B, T, V)
 
 
 def rms(h):
@@ -107,7 +109,8 @@ def per_token_depth_stats(model, x, y, n_loop, batch_size=32):
             logp = readout_logp(model, h, k)                              # (B, T, V)
             rows[0].append(-logp.gather(-1, yb.unsqueeze(-1)).squeeze(-1))
             rows[1].append(logp.max(-1).values.exp())
-            rows[2].append(torch.full_like(rows[0][-1], math.inf) if prev is None else (logp.exp() * (logp - prev)).sum(-1))
+            rows[2].append(torch.full_like(rows[0][-1], math.inf) if prev is None
+                           else (logp.exp() * (logp - prev)).sum(-1))
             rows[3].append(latent_change(h, h_prev))
             prev, h_prev = logp, h
         for out, row in zip((ce, pmax, kl, latent), rows):
@@ -155,7 +158,8 @@ def calibrate_exit(rule, ce, pmax, kl, K, tolerance=0.01, latent=None):
 SCORES = {
     'max_prob': lambda logp, h, h_prev: logp.max(-1).values.exp(),                         # top-1 probability
     'margin': lambda logp, h, h_prev: -logp.topk(2, dim=-1).values.diff(dim=-1).squeeze(-1),  # top-1 minus top-2 logit
-    'entropy': lambda logp, h, h_prev: 1 - torch.special.entr(logp.exp()).sum(-1) / math.log(logp.size(-1)),  # 1 - H / log V
+    # 1 - H / log V
+    'entropy': lambda logp, h, h_prev: 1 - torch.special.entr(logp.exp()).sum(-1) / math.log(logp.size(-1)),
     'latent': lambda logp, h, h_prev: -latent_change(h, h_prev),  # minus ||h_k - h_{k-1}|| / ||h_{k-1}||
 }
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)  # operating points besides the calibrated one, at these score quantiles
@@ -288,7 +292,8 @@ def exit_benchmark(model, x, y, K, batch_size=32, repeats=3):
 
 def exit_results(groups, max_windows):
     """exit_benchmark for every run of lab/paper.py's groups ({condition: runs}), from its ckpt.pt: {condition: [rows
-    of each seed]}. It times real batched runs, so the tok/s columns mean something only on an otherwise idle machine."""
+    of each seed]}. It times real batched runs, so the tok/s columns mean something only on an otherwise idle
+    machine."""
     device = resolve_device().device
     results = {}
     for name, runs in groups.items():
@@ -315,9 +320,11 @@ def exit_summary(results):
     rows = []
     for name, seeds in results.items():
         plain = seeds[0][0]['point']  # 'depth K': the first row, the model without an exit
-        row = [name, f"{seed_mean(seeds, 'none', plain, 'ppl'):.3f}", f"{seed_mean(seeds, 'none', plain, 'tok_s'):,.0f}"]
+        row = [name, f"{seed_mean(seeds, 'none', plain, 'ppl'):.3f}",
+               f"{seed_mean(seeds, 'none', plain, 'tok_s'):,.0f}"]
         for s in SCORES:
-            row += [f"{seed_mean(seeds, s, 'calibrated', 'loops'):.2f}", f"{seed_mean(seeds, s, 'calibrated', 'ppl'):.3f}",
+            row += [f"{seed_mean(seeds, s, 'calibrated', 'loops'):.2f}",
+                    f"{seed_mean(seeds, s, 'calibrated', 'ppl'):.3f}",
                     f"{seed_mean(seeds, s, 'calibrated', 'tok_s'):,.0f}"]
         rows.append(row)
     return header, rows
@@ -343,8 +350,8 @@ def plot_pareto(results, path, title, styles):
         ax.grid(True, alpha=0.3)
     axes[0].set_ylabel('validation perplexity (held-out half)')
     axes[-1].legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.01, 1))
-    fig.suptitle(f"Early exit per sequence: perplexity against measured speed (star: all sequences run K loops)\n{title}",
-                 fontsize=10)
+    fig.suptitle(f"Early exit per sequence: perplexity against measured speed (star: all sequences run K "
+                 f"loops)\n{title}", fontsize=10)
     return save_figure(fig, path)
 
 
@@ -501,7 +508,8 @@ def precision_losses(model, x, y, K, batch_size=32):
                 states = edited_loops(model, e, 2 * K, rounding) if mode == 'bf16_state' else model.loops(e, 2 * K)
                 for k, h in states:
                     if k in (K, 2 * K):  # weighted by the batch's windows: the last batch may be smaller
-                        sums[mode][k // K - 1] += len(xb) * model.head_loss(model.exit_input(h, k), yb)[1].float().item()
+                        sums[mode][k // K - 1] += (len(xb)
+                                                   * model.head_loss(model.exit_input(h, k), yb)[1].float().item())
     return {mode: (total / len(x)).tolist() for mode, total in sums.items()}
 
 
@@ -531,9 +539,11 @@ def fmt_row(label, values, f='8.3f'):
 def get_parser():
     p = tool_parser(PROG, __doc__)
     p.add_argument('--out_dir', default='out/laptop', help='the run folder that holds ckpt.pt')
-    p.add_argument('--only', default='all', choices=['all', 'depth', 'exit', 'scale', 'gate', 'lemma', 'precision'],
+    p.add_argument('--only', default='all',
+                   choices=['all', 'depth', 'exit', 'scale', 'gate', 'lemma', 'precision', 'layers'],
                    help="gate: the exit gate's weight against what it reads (runs with --supervision=gated); "
-                        "precision: the loss at K and 2K in float32 against a bf16 state and bf16 autocast")
+                        "precision: the loss at K and 2K in float32 against a bf16 state and bf16 autocast; "
+                        "layers: ||h|| after every layer of every pass, where the scale is written")
     p.add_argument('--max_windows', type=int, default=None, help='cap on validation windows for depth and exit')
     p.add_argument('--diag_windows', type=int, default=32, help='validation windows for the scale diagnostics')
     p.add_argument('--lemma_loops', type=int, default=30, help='loops run by the lemma check')
@@ -601,7 +611,8 @@ def print_token_exit(ce, pmax, kl, latent, m, K):
         t = calibrate_exit(rule, ce[:m], pmax[:m], kl[:m], K, latent=latent[:m])[0]
         d = exit_depths(rule, t, pmax[m:], kl[m:], K, latent[m:])
         print(f"{rule:>10}: threshold {t:.4g}, mean loops {d.mean():.2f} of {K}, perplexity "
-              f"{math.exp(ce[m:][np.arange(len(d)), d - 1].mean()):.3f} (depth {K}: {math.exp(ce[m:, K - 1].mean()):.3f})")
+              f"{math.exp(ce[m:][np.arange(len(d)), d - 1].mean()):.3f} "
+              f"(depth {K}: {math.exp(ce[m:, K - 1].mean()):.3f})")
         note = same_exit_note(d, K)
         if note:
             print(f"{'':>12}{note}")
@@ -693,6 +704,44 @@ def print_lemma(model, x, K, n_loop, title, fig_path):
     print(f"wrote {plot_lemma(table, K, title, fig_path)}")
 
 
+@torch.no_grad()
+def layer_norms(model, x, K):
+    """Where the scale is written: the mean per-token ||h|| of the embedding e, then after every layer of every
+    pass 1..K (the carry, if any, applied between passes as LoopedGPT.loops does), and the angle in degrees
+    between e and h_1 (mean over tokens). [(what, ||h||)] and the angle. looped.py's stack (model.blocks) with
+    its loop_pass of layers in order; a design that overrides loop_pass is measured at its passes only."""
+    e = model.embed(x)
+    rows, h = [('embedding e', e.float().norm(dim=-1).mean().item())], e
+    plain = type(model).loop_pass is LoopedGPT.loop_pass
+    for k in range(1, K + 1):
+        if k > 1:
+            h = model.carry(h)
+        if plain:
+            for i, block in enumerate(model.blocks):
+                h = block(h)
+                rows.append((f"pass {k}, after layer {i + 1}", h.float().norm(dim=-1).mean().item()))
+        else:
+            h = model.loop_pass(h, e, k, K)
+            rows.append((f"pass {k}", h.float().norm(dim=-1).mean().item()))
+        if k == 1:
+            angle = angle_deg(e.float(), h.float()).mean().item()
+    return rows, angle
+
+
+def readout_gain(model):
+    """The RMS of the readout norm's per-channel gain (1 at init), or None for a readout without one."""
+    weight = getattr(getattr(model.readout, 'norm', None), 'weight', None)
+    return None if weight is None else weight.detach().float().pow(2).mean().sqrt().item()
+
+
+def print_layer_norms(model, x, K):
+    rows, angle = layer_norms(model, x, K)
+    gain = readout_gain(model)
+    print(f"\n||h|| after each layer (mean over tokens of {len(x)} validation windows); angle(e, h_1) "
+          f"{angle:.1f} degrees; readout gain RMS " + ('-' if gain is None else f"{gain:.3f}"))
+    print(markdown(['where', '||h||'], [[what, f"{v:,.2f}"] for what, v in rows]))
+
+
 def main(argv=None):
     """Check every flag and the checkpoint's data first, then print the chosen tables in order."""
     p = get_parser()
@@ -728,9 +777,12 @@ def main(argv=None):
         print_gate_alignment(model, x, K)
     if args.only in ('all', 'precision'):
         print_precision(model, x, y, K)
+    if args.only in ('all', 'layers'):
+        print_layer_norms(model, x, K)
     if args.only in ('all', 'lemma'):
         title = f"{args.out_dir} ({condition_name(c.to_dict())}), step {ckpt['step']}"
         print_lemma(model, x, K, args.lemma_loops, title, fig_path)
+
 
 if __name__ == '__main__':
     main()

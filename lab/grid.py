@@ -12,9 +12,9 @@ the learned exit gate beside per-loop supervision), each a fixed list of {condit
 declaring a design in looped.py changes none of them; the grid each configuration runs by default; one folder per
 run, reuse and resume (rerunning the command never redoes finished work or loses an interrupted run), the child
 train.py with Ctrl-C passed on to it (the child saves a checkpoint, the grid waits for that save, says where it
-stopped in one line and exits 130; the same command continues), and reading a run's log back (load_run, group_runs: the runs of one
-condition together, in the grids' order), which the grid needs to tell a finished run from an interrupted one.
-A condition's name comes from its model config (lab.runs.condition_name), so a run made by hand is named the same
+stopped in one line and exits 130; the same command continues), and reading a run's log back (load_run, group_runs: the
+runs of one condition together, in the grids' order), which the grid needs to tell a finished run from an interrupted
+one. A condition's name comes from its model config (lab.runs.condition_name), so a run made by hand is named the same
 way; it is reused by a grid only from the grid's own folder, with the grid's flags (seed 1.., GRID_FLAGS).
 
 Not here: the flags (lab/paper.py and lab/atlas.py parse --run, --seeds, --conditions, --train_args and pass them
@@ -39,6 +39,7 @@ from plot_norms import CONDITIONS, GRID_FLAGS
 from plot_norms import group_runs as group_in_order
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository, where train.py is
+
 
 def flags_name(flags):
     """The condition name of a list of train.py model flags ('--name=value', '--name' alone for a True/False
@@ -152,7 +153,8 @@ def group_runs(runs):
 
 
 def slug(name):
-    """'per_loop + rmsnorm + penalty' -> 'per_loop-rmsnorm-penalty': a condition's folder name and --conditions value."""
+    """'per_loop + rmsnorm + penalty' -> 'per_loop-rmsnorm-penalty': a condition's folder name and --conditions
+    value."""
     return name.replace(' + ', '-')
 
 
@@ -216,8 +218,7 @@ def run_grid(config, seeds, out_root, extra, names=None, grid=None, prog='plot_n
     finished is reused from there, so a grid resumes in a fresh clone from what it committed. jobs: the
     [(condition, seed)] to train, in this order (default: seed by seed, every condition); part (i, n): this
     worker trains jobs i, i + n, i + 2n, ... only, so n workers share a grid without meeting."""
-    folders, t0, trained, train_s = [], time.time(), 0, 0.0
-    conditions = grid_of(config, grid)
+    folders, t0, trained, train_s, conditions = [], time.time(), 0, 0.0, grid_of(config, grid)
     if jobs is None:
         jobs = [(name, seed) for seed in seeds for name in names or conditions
                 if max_seed is None or seed <= max_seed.get(name, seed)]
@@ -256,7 +257,8 @@ def run_grid(config, seeds, out_root, extra, names=None, grid=None, prog='plot_n
                 f.write(output)
         last = output.strip().splitlines()[-1] if output.strip() else 'no output'
         if signals:  # the child has saved (or was aborted by a second Ctrl-C): stop the grid, in one line
-            last = last.split('; continue with')[0]  # train.py's own advice (--resume) is the grid's to follow, not the user's
+            # train.py's own advice (--resume) is the grid's to follow, not the user's
+            last = last.split('; continue with')[0]
             print(f"{prog}: interrupted during {name} (seed {seed}): {last}; rerun the same command to "
                   "continue the grid", file=sys.stderr)
             sys.exit(128 + signals[0])

@@ -188,7 +188,8 @@ def plot(rows, fig_dir):
             color = colors[lines.index((r['config'], r['condition'])) % len(colors)]
             ok = [s is not None for s in r['stats']]
             d = r['depths'][ok]
-            mean, lo, hi = (np.array([s[k] for s in r['stats'] if s is not None], dtype=float) for k in ('mean', 'lo', 'hi'))
+            mean, lo, hi = (np.array([s[k] for s in r['stats'] if s is not None], dtype=float)
+                            for k in ('mean', 'lo', 'hi'))
             ax.plot(d, mean, 'o-', ms=3, color=color, label=f"{r['config']}: {r['condition']} ({r['pairs']} pairs)")
             ax.fill_between(d, lo, hi, color=color, alpha=0.15)
         ax.axhline(0, color='grey', lw=0.8)

@@ -7,11 +7,11 @@ growth, and a power law fitted to what comes after the transient, extrapolated t
     python -m lab.norm_course 'out/course/laptop_10k/*-seed*[0-9]' --after=2000   # fit runs you have, from a later step
 
 --run trains COURSE (laptop_10k: rmsnorm and raw at the demo's 3e-3 and the paper's 3e-4; two ablations of the
-first steps at 3e-3, a 500-step warmup under rmsnorm and GPT-2's small initialization (untied head), --init=gpt2, under both
-readouts) through grid.run_grid, one run at a time: finished runs are reused, interrupted ones resumed (Ctrl-C
-saves; the same command continues, across sessions too), so the runs can be trained in pieces. The committed
-runs were trained two at a time instead, each single-threaded, with the train.py line the grid gives each (its
-COURSE flags, --seed=1, its folder under out/course/laptop_10k/): about an hour a run on 2 cores.
+first steps at 3e-3, a 500-step warmup under rmsnorm and GPT-2's small initialization (untied head), --init=gpt2, under
+both readouts) through grid.run_grid, one run at a time: finished runs are reused, interrupted ones resumed (Ctrl-C
+saves; the same command continues, across sessions too), so the runs can be trained in pieces. The committed runs were
+trained two at a time instead, each single-threaded, with the train.py line the grid gives each (its COURSE flags,
+--seed=1, its folder under out/course/laptop_10k/): about an hour a run on 2 cores.
 
 The fit, per run: log ||h_K|| = a + b log(step) by least squares over the evaluations at step >= --after, with
 the 95% t interval of the power b (n - 2 degrees of freedom), and the fitted law read at the paper's token count

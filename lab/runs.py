@@ -1,24 +1,26 @@
 """
 The lab's side of a run folder (train.py keeps a single run's promises: one run per folder, the checkpoint
 saved whole before its log line, a resume that keeps its model and data, Ctrl-C saves): loading a checkpoint as
-the class that trained it (load_model), the names of runs and conditions, and the lock that python -m lab.train
-holds on out_dir/run.lock, so that two workers of a grid never train in one folder.
+the class that trained it (load_model), and the names of runs and conditions. (Every run locks its folder:
+plumbing/run.py's lock_folder, which train.py takes.)
 """
 
 import os
-import sys
 from dataclasses import fields
 
 from lab.configs import LABELS, NAMED, TAGS, head_part, variant_fields
 from lab.designs import DesignConfig, DesignedGPT
 from looped import LoopedConfig, LoopedGPT
-from plumbing.run import load_checkpoint  # noqa: F401  (the lab's tools read it here)
+from data.common import InputError
+from plumbing.run import load_checkpoint, load_weights
+
 
 def load_model(path, device='cpu'):
     """(model in eval mode on device, checkpoint dict) from a ckpt.pt or a run folder that holds one,
     built as the class that trained it: a config of looped.py's fields alone (train.py's own run) is
     looped.py's LoopedGPT, whose Block a student may have changed; one with a design's fields is
-    DesignedGPT. ValueError with a one-line message when it is missing or unreadable."""
+    DesignedGPT. InputError with a one-line message when it is missing or unreadable, or the model no longer
+    fits it (plumbing/run.py's load_weights names the parameters)."""
     path = os.path.join(path, 'ckpt.pt') if os.path.isdir(path) else path
     ckpt = load_checkpoint(path, device)
     try:
@@ -26,10 +28,10 @@ def load_model(path, device='cpu'):
             model = LoopedGPT(LoopedConfig(**ckpt['config']))
         else:
             model = DesignedGPT(DesignConfig(**ckpt['config']))
-        model.load_state_dict(ckpt['model'])
-    except (TypeError, RuntimeError) as e:  # a config with unknown fields, or weights of another shape
-        raise ValueError(f"checkpoint {path}: its weights do not fit its own config ({type(e).__name__}: "
+    except (TypeError, ValueError) as e:  # a config with unknown fields, or values the checks refuse
+        raise InputError(f"checkpoint {path}: its config is not valid here ({type(e).__name__}: "
                          f"{str(e).strip().splitlines()[0][:150]})") from None
+    load_weights(model, ckpt['model'], path)
     return model.to(device).eval(), ckpt
 
 

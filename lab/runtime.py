@@ -26,6 +26,7 @@ class Runtime:
         """compile_regions (below): each layer and the head's loss, not the loop. Returns the model."""
         return compile_regions(model)
 
+
 # Dense (no sparsity) peak TFLOP/s for MFU, from NVIDIA's datasheets: (a part of the name torch gives the
 # device, bf16, float16, float32). float32 is the TF32 tensor-core peak where the GPU has one, since
 # resolve_device lets float32 matmuls run as TF32 (T4 and V100 have none: their plain FP32 peak); None where
@@ -64,8 +65,8 @@ def synchronize(device_type):
 
 
 def resolve_device(device='auto', dtype='auto', compile='auto'):
-    """train.py's choice of device, dtype and compile (plumbing/run.py's resolve_device: 'auto' is CUDA, else MPS, else CPU;
-    bf16 on a GPU that has it, else float16; compile on CUDA only), as a Runtime. ValueError in one line for a
+    """train.py's choice of device, dtype and compile (plumbing/run.py's resolve_device: 'auto' is CUDA, else MPS, else
+    CPU; bf16 on a GPU that has it, else float16; compile on CUDA only), as a Runtime. ValueError in one line for a
     device this machine does not have, or float16 off CUDA."""
     device, dtype, compile, ctx = system.resolve_device(device, dtype, compile)
     return Runtime(device, torch.device(device).type, dtype, bool(compile), ctx)

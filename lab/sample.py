@@ -13,6 +13,7 @@ of train.py's own model, lab/designs.py's DesignedGPT for a design's.
 """
 
 import sample
+from data.common import InputError
 from lab.engine import RULES, generate
 from lab.runs import load_model
 
@@ -33,7 +34,7 @@ def main(argv=None):
     def load(out_dir, device):  # the run's own class; the gate asked of a model that has one
         model, ckpt = load_model(out_dir, device)
         if args.exit == 'gate' and getattr(model, 'exit_gate', None) is None:
-            raise ValueError(f"--exit=gate needs a model trained with --supervision=gated; {out_dir} "
+            raise InputError(f"--exit=gate needs a model trained with --supervision=gated; {out_dir} "
                              "has no exit gate (use --exit=confidence, kl or latent)")
         return model, ckpt
 

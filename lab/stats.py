@@ -9,7 +9,8 @@ difference gets its standard error and a 95% t interval with n-1 degrees of free
 
 Here too: the paired table's rows and paired.csv's (paired_rows), since every cell is one of these numbers or
 words. Not here: reading logs (grid.load_run builds the runs these functions take), writing the files and
-drawing the gaps (lab/paper.py: table, plot_crossover). Only numpy and looped.py's config (which fields make a condition): no scipy.
+drawing the gaps (lab/paper.py: table, plot_crossover). Only numpy and looped.py's config (which fields make a
+condition): no scipy.
 """
 
 import json

@@ -70,7 +70,6 @@ def from_csv(path, label_of, margin=MARGIN):
     return rows
 
 
-
 def table(rows, what, margin=MARGIN):
     """Holm over the family (TOST only with a margin), then its markdown table."""
     if margin:

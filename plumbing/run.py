@@ -263,6 +263,13 @@ class Progress:
         self.t_start = self.t_last = time.time()
         self.losses, self.ces, self.skips = [], [], 0
 
+    def count(self, loss, ce, skipped):  # one optimizer step's: a skipped one has no loss
+        if skipped:
+            self.skips += 1
+        else:
+            self.losses.append(loss)
+            self.ces.append(ce)
+
     def line(self, step, max_iters, h_norm, drawn=None):  # drawn: a loop count a lab design drew
         d, now = 'K' if drawn is None else 'r', time.time()
         dt = (now - self.t_last) / (step - self.last_line)
@@ -401,8 +408,8 @@ def load_weights(model, state, path):
 
 
 def restore(ckpt, model, optimizer, scaler, gen, device):
-    """Weights, optimizer, scaler and random states from a checkpoint; where training stands:
-    (step, best validation loss, last evaluated step, last log record)."""
+    """Weights, optimizer, scaler and random states from a checkpoint (where training stood, the
+    step and the last record, is the checkpoint's to read)."""
     load_weights(model, ckpt['model'], 'the checkpoint being resumed')
     if list(ckpt['model']) != list(model.state_dict()):  # the optimizer state goes by order
         raise InputError("the checkpoint's parameters are in another order than this model's, "
@@ -414,7 +421,6 @@ def restore(ckpt, model, optimizer, scaler, gen, device):
     gen.set_state(ckpt['rng']['batches'].cpu())
     if ckpt['rng']['cuda'] is not None and device.startswith('cuda'):
         torch.cuda.set_rng_state_all([s.cpu() for s in ckpt['rng']['cuda']])
-    return ckpt['step'], ckpt['best_val_loss'], ckpt['last_eval_step'], ckpt.get('record')
 
 
 def kept(out_dir):  # what a failure leaves behind, in words

@@ -1,7 +1,7 @@
-"""Run train.py's main() (through python -m lab.train's, so designs train too) under torchrun, watching from outside train.py: this process's first training batches are
-saved to $WEIGHTS_DIR/rank<R>-batches.pt as they are drawn, and its final weights to $WEIGHTS_DIR/rank<R>.pt once
-main() returns, so that a test can compare what every process trained on and every parameter tensor it ended
-with, instead of trusting train.py's report.
+"""Run train.py's main() (through python -m lab.train's, so designs train too) under torchrun, watching from outside
+train.py: this process's first training batches are saved to $WEIGHTS_DIR/rank<R>-batches.pt as they are drawn, and its
+final weights to $WEIGHTS_DIR/rank<R>.pt once main() returns, so that a test can compare what every process trained on
+and every parameter tensor it ended with, instead of trusting train.py's report.
 
     WEIGHTS_DIR=/tmp/w torchrun --standalone --nproc_per_node=2 tests/ddp_worker.py --device=cpu ...
 

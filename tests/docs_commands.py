@@ -20,7 +20,6 @@ import argparse
 import glob
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -45,7 +44,8 @@ SKIP = [
     (r'tests/docs_commands\.py', 'this check itself (its bad-input rows, what --only=W/ runs, are run here)'),
     (r'--against=/tmp/', 'needs a checkout of another commit (the `git worktree add` line before it)'),
     (r'<\w+>', "a placeholder (python -m lab.<tool>), not a command: each tool's own commands are run"),
-    (r'train\.py config/', "nanoGPT's habit, shown as what train.py refuses (tests/test_nanogpt_user.py checks its line)"),
+    (r'train\.py config/', "nanoGPT's habit, shown as what train.py refuses "
+                            "(tests/test_nanogpt_user.py checks its line)"),
 ]
 # (pattern, expected stderr text): commands the documentation says fail here, and how
 FAILS = [
@@ -95,7 +95,8 @@ def shrink(cmd):
         cmd = append(r'-m lab\.cost', f"--seeds=1 --train_args='{TINY_TRAIN}'", cmd)
     if '-m lab.norm_course' in cmd and '--run' in cmd:  # the seven 10,000-step runs: 4 steps each, fitted from step 1
         cmd = append(r'-m lab\.norm_course', f"--after=1 --train_args='{TINY_TRAIN}'", cmd)
-    cmd = append(r'(?<!\w)train\.py', TINY_TRAIN + (' --batch_size=2 --block_size=64' if 'gpu_char' in cmd else ''), cmd)
+    cmd = append(r'(?<!\w)train\.py', TINY_TRAIN + (' --batch_size=2 --block_size=64' if 'gpu_char' in cmd else ''),
+                 cmd)
     cmd = append(r'-m lab\.train', TINY_TRAIN, cmd)  # a design's run: train.py's loop, 4 steps
     cmd = append(r'-m lab\.sample', '--num_samples=1 --max_new_tokens=20', cmd)
     cmd = append(r'-m lab\.diagnose', '--max_windows=4 --diag_windows=2 --lemma_loops=3', cmd)
@@ -124,7 +125,8 @@ def commands():
                 loop, start = loop + [text], start or i
                 body = ' '.join(loop)
                 if len(re.findall(r'\bdone\b', body)) == len(re.findall(r'\bdo\b', body)):
-                    found.append((page, start, ' '.join(l if l.endswith(('do', ';')) else l + ';' for l in loop).rstrip(';'), None))
+                    found.append((page, start, ' '.join(part if part.endswith(('do', ';')) else part + ';'
+                                                        for part in loop).rstrip(';'), None))
                     loop, start = [], 0
             elif in_block and re.match(r'(export |pip |python3? |torchrun )', text):
                 found.append((page, i, text, None))
@@ -224,7 +226,8 @@ def check(copy, cmd, run, fails, timeout):
         pattern = '.*'.join(map(re.escape, line.split('...')))
         ok = r.returncode == code and len(err) == 1 and re.fullmatch(pattern, err[0]) is not None
         return ok, seconds, (f"fails as documented: {err[0][:100]}" if ok else
-                             f"documented: exit {code}, {line!r}; got exit {r.returncode}, stderr {r.stderr.strip()[-300:]!r}")
+                             f"documented: exit {code}, {line!r}; got exit {r.returncode}, "
+                             f"stderr {r.stderr.strip()[-300:]!r}")
     if r.returncode != 0:
         return False, seconds, f"exit {r.returncode}: {(r.stderr.strip() or r.stdout.strip())[-300:]}"
     missing = [f for f in written_files(cmd) if not os.path.exists(os.path.join(copy, f))]
@@ -272,7 +275,8 @@ def main(argv=None):
                 failed.append(f"{page}:{i}: {cmd}\n    {why}")
             eta = (time.time() - t_start) / n * (len(chosen) - n)
             print(f"[{n}/{len(chosen)}, ETA {eta / 60:.0f} min] {'ok' if ok else 'FAILED'} ({seconds:.0f} s) "
-                  f"{page}:{i}: {cmd[:90]}" + (f"\n    shrunk: {note}" if note else '') + (f"\n    {why}" if why else ''),
+                  f"{page}:{i}: {cmd[:90]}" + (f"\n    shrunk: {note}" if note else '')
+                  + (f"\n    {why}" if why else ''),
                   flush=True)
     ran = counts['as written'] + counts['shrunk']
     print(f"\n{ran} commands ran ({counts['as written']} as written, {counts['shrunk']} shrunk), {counts['skipped']} "

@@ -111,7 +111,8 @@ def kill_loop(n_kills, data, work, max_iters=None, rng=None, say=print):
         restart = ['--resume'] if os.path.exists(os.path.join(out, 'ckpt.pt')) else \
             ['--overwrite'] if os.path.exists(os.path.join(out, 'log.jsonl')) else []
         done = logged_step(out)  # the restart logs only later steps (the log never runs ahead of the checkpoint)
-        proc = subprocess.Popen(train_cmd(data, out, *flags, *restart), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(train_cmd(data, out, *flags, *restart), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT)
         if kills < n_kills:
             # The moment is one the run reports, never a time: a clock calibrated on an idle machine let a loaded
             # one finish before its kill. s == done: once the run holds the folder's lock (its checkpoint loaded,

@@ -16,7 +16,8 @@ SECTION = '## Adding a design'
 
 # the toy design, one edit per place: (file, the text it goes after, exactly once there, the text added)
 FIELD = "    loop_scale: bool = False  # a learned scalar a_k per loop on each pass's update, 1 at init\n"
-DOC_LINE = "    loop_scale                                         a learned scalar a_k per loop on each pass's update\n"
+DOC_LINE = ("    loop_scale                                         "
+            "a learned scalar a_k per loop on each pass's update\n")
 MODULE = ("        self.loop_scales = nn.Parameter(torch.ones(config.n_loop)) if config.loop_scale else None"
           "  # a_k = 1\n")
 CODE = ("        if self.loop_scales is not None:  # x + a_k (u_k - x), written so that a_k = 1 gives u_k exactly\n"
@@ -49,8 +50,8 @@ def test_loop_scale_scales_pass_ks_update_by_a_k_and_past_k_by_a_K():
 EDITS = [
     ('lab/designs.py', "    attention: str = 'sdpa'  # fused kernels (sdpa), or the same math spelled out (manual)\n",
      FIELD),
-    ('lab/designs.py', "    init, mlp, attention, tie_weights                  GPT-2's init, GELU, attention spelled out, "
-                       "an untied head\n", DOC_LINE),
+    ('lab/designs.py', "    init, mlp, attention, tie_weights                  "
+                       "GPT-2's init, GELU, attention spelled out, an untied head\n", DOC_LINE),
     ('lab/designs.py', "        self.exit_gate = nn.Linear(config.n_embd, 1) if gated else None"
                        "  # lambda_k = sigmoid(exit_gate(z_k))\n", MODULE),
     ('lab/designs.py', re.compile(r'^        h = super\(\)\.loop_pass\(.*\n', re.MULTILINE), CODE),  # after the stack
@@ -70,7 +71,8 @@ TESTS = ['tests/test_designs.py::test_loop_scale_scales_pass_ks_update_by_a_k_an
          'tests/test_registry.py::test_every_config_field_is_a_flag_with_help_and_the_configs_default',
          'tests/test_train_reads.py::test_every_design_flag_trains_a_step[loop_scale]',
          'tests/test_train_reads.py::test_help_lists_the_papers_flags_then_the_designs_in_a_group_of_their_own',
-         'tests/test_bounded_designs.py::test_each_designs_quantity_is_logged_and_shown_at_every_evaluation[loop scale]',
+         'tests/test_bounded_designs.py::'
+         'test_each_designs_quantity_is_logged_and_shown_at_every_evaluation[loop scale]',
          'tests/test_pinned_math.py::test_a_design_computes_what_it_computed_when_pinned[loop scale]']
 
 
@@ -94,7 +96,8 @@ def add_the_toy(repo):
         target = os.path.join(repo, path)
         with open(target) as f:
             source = f.read()
-        where = [m.end() for m in (after if hasattr(after, 'finditer') else re.compile(re.escape(after))).finditer(source)]
+        where = [m.end() for m in
+                 (after if hasattr(after, 'finditer') else re.compile(re.escape(after))).finditer(source)]
         assert len(where) == 1, f"{path}: {getattr(after, 'pattern', after)!r} is there {len(where)} times, not once"
         with open(target, 'w') as f:
             f.write(source[:where[0]] + text + source[where[0]:])

@@ -4,7 +4,6 @@ by hand; its bound; its gradient reaching its own parameters; its value in the l
 
 import json
 import math
-import os
 
 import pytest
 import torch
@@ -16,6 +15,7 @@ from lab.report import design_line
 from test_designs import BASE, record_passes, tiny, tokens
 
 # ---- Parcae's diagonal injection
+
 
 @pytest.mark.parametrize('init', ['paper', 'gpt2'])
 def test_the_diagonal_injection_at_init_is_0447_h_plus_0805_e_per_channel(init):

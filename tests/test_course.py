@@ -57,7 +57,8 @@ def fake_run(label, norms, steps, n_embd=512, batch_size=64, block_size=256, see
     """A run as grid.load_run returns it, with only what norm_course reads."""
     records = [{'step': s, 'hidden_norm': [1.0, v], 'val_loss': [2.0, 1.5, 1.7]} for s, v in zip(steps, norms)]
     return {'folder': f'out/{label}-seed{seed}', 'K': 2, 'records': records,
-            'config': {'batch_size': batch_size, 'grad_accum': None, 'learning_rate': 3e-4, 'warmup_iters': 0, 'seed': seed,
+            'config': {'batch_size': batch_size, 'grad_accum': None, 'learning_rate': 3e-4, 'warmup_iters': 0,
+                       'seed': seed,
                        'model': {'n_embd': n_embd, 'block_size': block_size, 'init': 'paper'}}}
 
 

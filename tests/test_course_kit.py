@@ -323,7 +323,8 @@ def test_check_answers_compares_with_the_students_own_runs(tmp_path, capsys):
     write_log(tmp_path / 'laptop', [{'step': 100, 'hidden_norm': [9, 9, 9, 1305.6]},
                                     {'step': 500, 'hidden_norm': [1, 2, 3, 930.7]}])
     write_log(tmp_path / 'laptop-pen0.01', [{'step': 500, 'hidden_norm': [1, 2, 3, 30.0]}], norm_penalty=0.01)
-    write_log(tmp_path / 'laptop-readout_alpha', [{'step': 500, 'hidden_norm': [1, 2, 3, 4], 'alpha': 0.3071}], readout='alpha')
+    write_log(tmp_path / 'laptop-readout_alpha', [{'step': 500, 'hidden_norm': [1, 2, 3, 4], 'alpha': 0.3071}],
+              readout='alpha')
     answers = tmp_path / 'ANSWERS.md'
     answers.write_text('a5_rmsnorm_norm_K = 931\na5_penalty_norm_K = 45\na6_alpha_per_loop = ?\n')
     assert check_answers.main([str(answers), '--runs', str(tmp_path), '--key', str(tmp_path / 'none.json')]) == 1

@@ -17,8 +17,10 @@ def torchrun(data, out, *flags):
     weights = os.path.join(out, 'weights')
     os.makedirs(weights, exist_ok=True)
     cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'tests/ddp_worker.py',
-           '--dataset', data, '--out_dir', str(out), '--device=cpu', *TINY, '--grad_accum=2', '--eval_interval=2', *flags]
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, 'WEIGHTS_DIR': weights})
+           '--dataset', data, '--out_dir', str(out), '--device=cpu', *TINY, '--grad_accum=2', '--eval_interval=2',
+           *flags]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, 'WEIGHTS_DIR': weights})
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     return r.stdout
 

@@ -11,7 +11,6 @@ from dataclasses import fields
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from lab import grid
 from lab import train  # train.py with the designs: python -m lab.train
@@ -230,7 +229,8 @@ def test_sampled_depth_trains_at_the_drawn_count_and_resumes_the_same_sequence(s
 def test_training_uses_the_drawn_loop_count(small_data, tmp_path, monkeypatch):
     counts = []
     forward = DesignedGPT.forward
-    monkeypatch.setattr(DesignedGPT, 'forward', lambda self, *a, n_loop=None, **k: (self.training and counts.append(n_loop))
+    monkeypatch.setattr(DesignedGPT, 'forward',
+                        lambda self, *a, n_loop=None, **k: (self.training and counts.append(n_loop))
                         or forward(self, *a, n_loop=n_loop, **k))
     monkeypatch.setattr(DesignedGPT, 'sampled_depth', lambda self, seed, step: 1 + step % 3)
     train.main(['--dataset', small_data, '--out_dir', str(tmp_path / 'r'), '--n_layer=1', '--n_embd=16', '--n_head=2',

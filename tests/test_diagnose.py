@@ -24,7 +24,8 @@ def data(n_windows=6, T=8, seed=0):
 def test_windows_count_every_token_once():
     tokens = np.arange(8 * 5 + 3, dtype=np.uint16)
     x, y = diagnose.windows(tokens, 8)
-    assert x.shape == (5, 8) and torch.equal(x.flatten(), torch.arange(40)) and torch.equal(y.flatten(), torch.arange(1, 41))
+    assert (x.shape == (5, 8) and torch.equal(x.flatten(), torch.arange(40))
+            and torch.equal(y.flatten(), torch.arange(1, 41)))
 
 
 def test_depth_stats_agree_with_forward():
@@ -142,6 +143,7 @@ def test_radial_gradient_training_column_is_the_gradient_of_the_training_loss():
     model, (x, y) = tiny(readout='raw', norm_penalty=0.01), data()
     frac = diagnose.radial_gradient(model, x, y, 3)
     states, real_loops = [], model.loops
+
     def loops(h, n_loop):
         for k, h_k in real_loops(h, n_loop):
             h_k.retain_grad()
@@ -186,7 +188,8 @@ def test_radial_clamps_on_known_updates():
     assert torch.allclose(((out - h_in) * h_in).sum(-1), torch.zeros(2, 5), atol=1e-4)
     assert torch.allclose(diagnose.clamp('remove_radial')(2, h_in, 1.5 * h_in), h_in, atol=1e-5)
     frozen = diagnose.clamp('freeze')(2, h_in, h)
-    assert torch.allclose(frozen.norm(dim=-1), h_in.norm(dim=-1)) and torch.equal(diagnose.clamp('freeze')(1, h_in, h), h)
+    assert (torch.allclose(frozen.norm(dim=-1), h_in.norm(dim=-1))
+            and torch.equal(diagnose.clamp('freeze')(1, h_in, h), h))
     (x, y) = data()
     _, states = diagnose.update_split(tiny(), x, 3, 'freeze')
     assert torch.allclose(states[2].norm(dim=-1), states[0].norm(dim=-1), rtol=1e-4)
@@ -207,7 +210,8 @@ def test_lemma_check_on_a_loop_that_doubles_its_input(monkeypatch):
 
 
 @pytest.mark.parametrize('design', [{}, dict(recurrence='normed'), dict(recurrence='damped'),
-                                    dict(injection='add', block='sandwich')], ids=['residual', 'normed', 'damped', 'add'])
+                                    dict(injection='add', block='sandwich')],
+                         ids=['residual', 'normed', 'damped', 'add'])
 def test_edited_loops_is_the_models_recurrence_with_each_edit_carried_on(design):
     """edited_loops, the diagnostics' loop that edits the states between passes: with an edit that changes nothing
     it yields model.loops' states bit for bit; an edit's h_k is yielded and carried on (through carry), its h_in is
@@ -240,7 +244,8 @@ def test_cli_prints_every_table(small_data, tmp_path, capsys):
     train.main(['--dataset', small_data, '--out_dir', str(tmp_path), *TINY, '--max_iters=2', '--eval_interval=2'])
     diagnose.main(['--out_dir', str(tmp_path), '--max_windows=20', '--diag_windows=4'])
     out = capsys.readouterr().out
-    for heading in ('perplexity by exit depth', 'early exit per token', 'early exit per sequence', '| max_prob | calibrated',
+    for heading in ('perplexity by exit depth', 'early exit per token', 'early exit per sequence',
+                    '| max_prob | calibrated',
                     '| entropy | q0.5', 'scale sensitivity', 'radial gradient fraction',
                     'per-loop update', 'radial clamps', 'lemma check over 30 loops'):
         assert heading in out
@@ -298,3 +303,25 @@ def test_token_exit_has_no_note_where_tokens_exit_at_different_loops(capsys):
     assert token_exit_notes(capsys, ce, pmax, kl, latent, 2, 3)['confidence'] is None
     assert diagnose.same_exit_note(np.array([1, 3]), 3) is None
     assert 'no token exits early' in diagnose.same_exit_note(np.array([3, 3]), 3)
+
+
+@pytest.mark.parametrize('recurrence', ['residual', 'normed'])
+def test_layer_norms_end_each_pass_at_forwards_norm_and_start_at_the_embedding(recurrence):
+    """The per-layer table: its first row is ||e||, its last row of pass k is the ||h_k|| that forward logs, the
+    rows between are the layers run by hand, and the angle is angle(e, h_1); the gain's RMS reads the weight."""
+    from looped import LoopedConfig, LoopedGPT
+    torch.manual_seed(0)
+    model = LoopedGPT(LoopedConfig(n_layer=2, n_loop=3, n_embd=32, block_size=16, recurrence=recurrence)).eval()
+    x = torch.randint(0, 65, (3, 16))
+    rows, angle = diagnose.layer_norms(model, x, 3)
+    _, _, stats = model(x)
+    e = model.embed(x)
+    assert [what for what, _ in rows][:3] == ['embedding e', 'pass 1, after layer 1', 'pass 1, after layer 2']
+    assert rows[0][1] == pytest.approx(e.norm(dim=-1).mean().item())
+    assert [v for what, v in rows if what.endswith('layer 2')] == pytest.approx(stats['hidden_norm'].tolist())
+    assert rows[1][1] == pytest.approx(model.blocks[0](e).norm(dim=-1).mean().item())
+    h1 = model.blocks[1](model.blocks[0](e))
+    assert angle == pytest.approx(diagnose.angle_deg(e, h1).mean().item())
+    with torch.no_grad():
+        model.readout.norm.weight.copy_(torch.tensor([3.0, 4.0] * 16))
+    assert diagnose.readout_gain(model) == pytest.approx(math.sqrt(12.5))

@@ -23,7 +23,8 @@ def test_every_documented_command_is_run_or_skipped_with_a_reason():
     # the front page's first command, the grid, the suite, a shell loop and an inline handout command are all found
     assert 'python train.py --readout=rmsnorm --norm_penalty=0' in cmds
     assert any(c.startswith('for seed in') and 'train.py' in c and c.endswith('done') for c in cmds)
-    assert 'python -m lab.bench --suite' in cmds and plan('python -m lab.bench --suite') == ('run', 'python -m lab.bench --suite', '', None)
+    assert ('python -m lab.bench --suite' in cmds
+            and plan('python -m lab.bench --suite') == ('run', 'python -m lab.bench --suite', '', None))
     assert written_files('python -m lab.bench --suite') == ['out/bench_suite.json']
 
 
@@ -49,10 +50,12 @@ def test_long_commands_are_shrunk_and_still_parse():
 
 
 def test_the_bad_input_table_is_checked_row_by_row():
-    rows = [(cmd, documented) for page, _, cmd, documented in commands() if page == 'docs/reliability.md' and documented]
+    rows = [(cmd, documented) for page, _, cmd, documented in commands()
+            if page == 'docs/reliability.md' and documented]
     assert len(rows) >= 20
     # each line names the command as it was typed: a root script by its file, a lab tool by python -m lab.<tool>
-    named = re.compile(r'((train|sample|plot_norms|prepare)\.py|python -m lab\.(diagnose|atlas|norm_course|cost|paper)): error: ')
+    named = re.compile(r'((train|sample|plot_norms|prepare)\.py|'
+                       r'python -m lab\.(diagnose|atlas|norm_course|cost|paper)): error: ')
     for cmd, (code, line) in rows:
         assert plan(cmd, (code, line)) == ('run', cmd, '', (code, line))  # run as written: the failure is the point
         assert code == 1 and named.match(line), line

@@ -20,9 +20,11 @@ from data import common
 from data.shakespeare_char import prepare as char_prepare
 from data.wikitext103 import prepare as wikitext_prepare
 
-ARTICLE = (" = Valkyria Chronicles III = \n \n Senjō no Valkyria 3 : <unk> Chronicles ( Japanese : 戦場のヴァルキュリア3 , "
-           "lit . Valkyria of the Battlefield 3 ) , commonly referred to as Valkyria Chronicles III outside Japan , is a "
-           "tactical role @-@ playing video game developed by Sega and Media.Vision for the PlayStation Portable . \n \n")
+ARTICLE = (" = Valkyria Chronicles III = \n \n Senjō no Valkyria 3 : <unk> Chronicles "
+           "( Japanese : 戦場のヴァルキュリア3 , "
+           "lit . Valkyria of the Battlefield 3 ) , commonly referred to as Valkyria Chronicles III outside Japan , "
+           "is a tactical role @-@ playing video game developed by Sega and Media.Vision for the PlayStation "
+           "Portable . \n \n")
 
 
 def make_zip(members):
@@ -162,7 +164,8 @@ def test_the_shipped_corpus_is_checked_and_restored_by_the_same_helper(server, t
     # deleted with no source that works: one line naming both ways out
     copy.unlink()
     monkeypatch.setattr(char_prepare, 'URLS', [f'{server}/other.txt'])
-    with pytest.raises(common.PrepareError, match=r'no source worked.*other.txt \(.*not its SHA-256.*git checkout') as e:
+    with pytest.raises(common.PrepareError,
+                       match=r'no source worked.*other.txt \(.*not its SHA-256.*git checkout') as e:
         char_prepare.get_text()
     assert '\n' not in str(e.value) and not os.path.lexists(str(copy) + '.tmp')
 

@@ -15,7 +15,7 @@ import torch
 import faults
 import train
 from conftest import ROOT, char_prepare
-from test_train import TINY, digest, finished_run, read_log, run_train  # noqa: F401 (a fixture)
+from test_train import TINY, digest, finished_run as finished_run, read_log, run_train  # noqa: F401 (a fixture)
 
 from data import common as data_pkg
 
@@ -76,9 +76,10 @@ def test_resume_refuses_a_folder_that_mixes_two_runs(small_data, tmp_path):
 
 def test_two_fresh_runs_started_together_exactly_one_runs(small_data, tmp_path):
     """Two workers of a grid (python -m lab.train, which locks its folder) on one folder: one runs."""
-    cmd = [sys.executable, '-m', 'lab.train', '--dataset', small_data, '--out_dir', str(tmp_path), *TINY, '--max_iters=20',
-           '--eval_interval=5']
-    procs = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    cmd = [sys.executable, '-m', 'lab.train', '--dataset', small_data, '--out_dir', str(tmp_path), *TINY,
+           '--max_iters=20', '--eval_interval=5']
+    procs = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
     results = [(p.wait(timeout=120), *p.communicate()) for p in procs]
     assert sorted(rc for rc, _, _ in results) == [0, 1], results
     refused = next(err for rc, _, err in results if rc == 1)

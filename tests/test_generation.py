@@ -116,7 +116,8 @@ def test_each_sequence_of_a_batch_exits_at_its_own_loop(cache):
         states = dict(model.loops(model.embed(prompt), BASE['n_loop']))
         own = torch.cat([next_logits(model, states[d][b:b + 1], d) for b, d in enumerate(want.tolist())])  # (B, V)
     assert out[:, -1].tolist() == own.argmax(-1).tolist()
-    logp, _ = next_logprobs(model, prompt, BASE['n_loop'], 'confidence', t, KVCache(BASE['block_size']) if cache else None)
+    logp, _ = next_logprobs(model, prompt, BASE['n_loop'], 'confidence', t,
+                            KVCache(BASE['block_size']) if cache else None)
     assert torch.allclose(logp, F.log_softmax(own, -1), atol=1e-5)  # each row's distribution is its own loop's
 
 

@@ -45,8 +45,8 @@ def test_bf16_compiled_training_tracks_fp32_eager_and_resumes(small_data, tmp_pa
 
 
 def test_compiled_head_loss_never_writes_float32_logits():
-    """lab.runtime.compile_regions fuses the head's float32 cross-entropy: under bf16 autocast every (tokens x V) buffer that
-    the compiled forward and backward allocate is bf16, where eager writes float32 copies; loss and gradients match
+    """lab.runtime.compile_regions fuses the head's float32 cross-entropy: under bf16 autocast every (tokens x V) buffer
+    that the compiled forward and backward allocate is bf16, where eager writes float32 copies; loss and gradients match
     the eager model's. (Read from the code Inductor generates, so a torch that stops fusing fails here.)"""
     V, N = 1009, 2 * 16  # V prime and N tokens != n_embd, so only a logits-sized buffer has N * V elements
     cfg = DesignConfig(vocab_size=V, block_size=16, n_embd=24, n_head=2, n_layer=1, n_loop=2, dropout=0.0)
@@ -67,7 +67,8 @@ def test_compiled_head_loss_never_writes_float32_logits():
     grads = [torch.cat([p.grad.flatten() for p in m.parameters()]) for m in (eager, compiled)]
     assert (grads[1] - grads[0]).norm() <= BF16_RTOL * grads[0].norm()  # bf16 rounds each element differently
     buffers = re.findall(r'empty_strided_cpu\(\(([\d, ]+)\), \([\d, ]+\), torch\.(\w+)\)', '\n'.join(codes))
-    logits_sized = [dtype for shape, dtype in buffers if math.prod(int(d) for d in shape.split(',') if d.strip()) == N * V]
+    logits_sized = [dtype for shape, dtype in buffers
+                    if math.prod(int(d) for d in shape.split(',') if d.strip()) == N * V]
     assert len(logits_sized) >= 2, buffers          # the forward's logits and the backward's gradient at least
     assert set(logits_sized) == {'bfloat16'}, logits_sized
 

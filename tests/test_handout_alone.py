@@ -85,8 +85,8 @@ def test_the_wikitext_prepare_script_counts_train_pys_paper_shapes():
 
 def save_run(folder, model, config):
     os.makedirs(folder)
-    torch.save({'model': model.state_dict(), 'config': config.to_dict(), 'step': 0, 'meta': {'itos': list('abcdefghijk')},
-                'args': {}}, os.path.join(folder, 'ckpt.pt'))
+    torch.save({'model': model.state_dict(), 'config': config.to_dict(), 'step': 0,
+                'meta': {'itos': list('abcdefghijk')}, 'args': {}}, os.path.join(folder, 'ckpt.pt'))
     return str(folder)
 
 

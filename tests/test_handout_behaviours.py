@@ -2,7 +2,6 @@
 --min_lr as the cosine's floor, a split one token too short, evaluation windows on a tiny split, a
 non-finite validation loss past K, gradient accumulation under torchrun, and float16's skipped steps."""
 
-import json
 import math
 import os
 import subprocess
@@ -16,7 +15,6 @@ import train
 from conftest import ROOT
 from data.common import write_dataset
 from lab import train as lab_train
-from looped import LoopedGPT
 
 TINY = ['--n_layer=1', '--n_embd=16', '--n_head=2', '--n_loop=2', '--block_size=16', '--batch_size=2',
         '--eval_iters=1', '--log_interval=1', '--device=cpu']
@@ -126,7 +124,7 @@ def test_only_a_step_the_scaler_skipped_counts_as_skipped(small_data, tmp_path, 
             optimizer.step()
     monkeypatch.setattr(torch.amp, 'GradScaler', lambda device, enabled=True: Scaler(device))
     run(small_data, tmp_path / 'r', '--max_iters=4', '--eval_interval=4')
-    lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith('step ')]
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith('step ')]
     assert 'loss skipped' in lines[2] and 'float16 steps skipped 1' in lines[2]  # 16 -> 4
     assert all('loss skipped' not in lines[i] for i in (0, 1, 3))  # 8 -> 8, 8 -> 16, 4 -> 8
     assert 'float16 steps skipped 1' in lines[3] and 'skipped' not in lines[1]

@@ -32,7 +32,8 @@ def test_readout_scale_invariance(readout):
     h = torch.randn(2, 5, 32) * 3
     K = model.config.n_loop
     for k in range(1, K + 1):
-        same = [torch.allclose(model.lm_head(model.readout(a * h, k)), model.lm_head(model.readout(h, k)), rtol=1e-4, atol=1e-4)
+        same = [torch.allclose(model.lm_head(model.readout(a * h, k)), model.lm_head(model.readout(h, k)),
+                               rtol=1e-4, atol=1e-4)
                 for a in (0.1, 7.0, 1000.0)]
         invariant = readout in ('rmsnorm', 'layernorm') or (readout == 'final_norm' and k == K)
         assert all(same) if invariant else not any(same), (readout, k)
@@ -110,7 +111,8 @@ def test_normed_recurrence_starts_each_pass_at_the_gain():
                 inputs, states = pass_inputs(model, x, a)
             assert torch.equal(inputs[0], model.embed(x))
             with torch.no_grad():  # and pass 1 really runs on the embedding itself, not on a normalized copy
-                assert torch.allclose(states[0], a * model.loop_pass(model.embed(x), model.embed(x), 1, 1), rtol=1e-5, atol=1e-6)
+                assert torch.allclose(states[0], a * model.loop_pass(model.embed(x), model.embed(x), 1, 1),
+                                      rtol=1e-5, atol=1e-6)
             for h_in, h_prev in zip(inputs[1:], states):
                 rms = h_in.pow(2).mean(-1).sqrt()
                 if recurrence == 'normed':
@@ -189,7 +191,8 @@ def test_alpha_logits_scale_as_a_power_through_the_head():
     model = tiny(readout='alpha', alpha=0.3).double()
     h = torch.randn(2, 5, 32, dtype=torch.float64) * 3
     for c in (0.1, 7.0, 1000.0):
-        assert torch.allclose(model.lm_head(model.exit_input(c * h, 3)), c ** 0.3 * model.lm_head(model.exit_input(h, 3)), rtol=1e-6)
+        assert torch.allclose(model.lm_head(model.exit_input(c * h, 3)),
+                              c ** 0.3 * model.lm_head(model.exit_input(h, 3)), rtol=1e-6)
 
 
 def test_learned_alpha_starts_at_half_and_its_gradients_match_finite_differences():
@@ -359,13 +362,13 @@ def test_kl_exit_rule_measures_kl_of_this_loop_from_the_previous():
     assert exit_passes('kl', 0.44, q, p).tolist() == [False]   # the other way round: 0.511 > 0.44
 
 
-
 def test_dropout_acts_where_the_authors_put_it(monkeypatch):
     """Three dropout sites, as in the authors' layer: the input embedding once, and in every layer of every loop
     the attention probabilities and the MLP output; none on the attention output projection."""
     model = tiny(dropout=0.5, attention='manual').train()
     shapes = []
     real = F.dropout
+
     def counting(x, p=0.5, training=True, inplace=False):
         shapes.append(tuple(x.shape))
         return real(x, p, training, inplace)

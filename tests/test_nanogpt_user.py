@@ -6,7 +6,6 @@ import math
 import os
 import re
 import warnings
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,8 +14,7 @@ import train
 from plumbing import run as data_flags
 from looped import LoopedGPT
 from conftest import ROOT
-from lab import configs, runtime
-from lab import report as lab_report
+from lab import runtime
 from lab.configs import NANOGPT_HABITS
 from lab.runs import load_checkpoint
 from lab.designs import DesignConfig, DesignedGPT
@@ -133,6 +131,7 @@ def test_auto_dtype_on_cuda_is_bf16_where_the_gpu_has_it_and_float16_elsewhere(m
 def cpu_scaler(monkeypatch, made, init_scale):
     """A GradScaler that works on this CPU (enabled, growing every step), in place of train.py's."""
     real = torch.amp.GradScaler
+
     def make(device_type, enabled=True, **others):
         if others:  # not train.py's
             return real(device_type, enabled=enabled, **others)
@@ -207,7 +206,7 @@ def test_the_progress_lines_loss_at_step_1_is_the_objective_trained(small_data, 
     monkeypatch.setattr(LoopedGPT, 'forward', forward)
     train.main(flags(small_data, tmp_path / 'run', '--max_iters=1', '--eval_interval=1', '--log_interval=1',
                      '--norm_penalty=0.01'))  # a penalty, so that the objective is not any one exit's loss
-    line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith('step 1/1'))
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith('step 1/1'))
     objective, ce_K = objectives[0]
     assert abs(objective - ce_K) > 0.01
     assert f"loss {objective:.4f}" in line and f"ce_K {ce_K:.4f}" in line

@@ -29,7 +29,8 @@ def test_the_notebooks_code_cells_run_and_show_the_blind_spot(tmp_path, monkeypa
         nb = json.load(f)
     source = '\n\n'.join(''.join(c['source']) for c in nb['cells'] if c['cell_type'] == 'code')
     run_dir = str(tmp_path / 'notebook')
-    for old, new in [('STEPS = 300', 'STEPS = 4'), ('EVERY = 50', 'EVERY = 2'), ("'--eval_iters=4'", "'--eval_iters=1'"),
+    for old, new in [('STEPS = 300', 'STEPS = 4'), ('EVERY = 50', 'EVERY = 2'),
+                     ("'--eval_iters=4'", "'--eval_iters=1'"),
                      ("RUN_DIR = os.path.join('out', 'notebook')", f"RUN_DIR = {run_dir!r}")]:
         assert source.count(old) == 1, f"the notebook no longer sets {old!r}: update this test with it"
         source = source.replace(old, new)

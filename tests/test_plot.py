@@ -29,7 +29,8 @@ from test_train import TINY
 def two_runs(small_data, tmp_path_factory):
     root = tmp_path_factory.mktemp('runs')
     for name, flags in [('rms', []), ('raw', ['--readout=raw'])]:
-        train.main(['--dataset', small_data, '--out_dir', str(root / name), *TINY, '--max_iters=4', '--eval_interval=2', *flags])
+        train.main(['--dataset', small_data, '--out_dir', str(root / name), *TINY, '--max_iters=4', '--eval_interval=2',
+                    *flags])
     return root
 
 
@@ -59,7 +60,8 @@ def test_figures_and_table_from_two_runs(two_runs, tmp_path, capsys):
         plain = math.exp(model(xb, yb)[2]['ce'][K - 1].item())
     ce_a, scores_a = diagnose.sequence_depth_stats(model, xa, ya, K)
     ce_b, scores_b = diagnose.sequence_depth_stats(model, xb, yb, K)
-    loops, ppl = diagnose.sequence_exit(ce_b, scores_b['max_prob'], diagnose.calibrate_sequence_exit(ce_a, scores_a['max_prob'], K), K)
+    loops, ppl = diagnose.sequence_exit(ce_b, scores_b['max_prob'],
+                                        diagnose.calibrate_sequence_exit(ce_a, scores_a['max_prob'], K), K)
     cells = next(r for r in exits if r.startswith('| per_loop + raw')).split('|')
     assert float(cells[2]) == pytest.approx(plain, rel=1e-4)  # an untrained model: perplexities far above 1
     assert float(cells[4]) == pytest.approx(loops, abs=6e-3) and float(cells[5]) == pytest.approx(ppl, rel=1e-4)
@@ -256,7 +258,8 @@ def test_figures_never_go_through_a_planted_link_and_bad_destinations_stop_first
     (tmp_path / 'file').write_text('')
     with pytest.raises(SystemExit) as e:
         plot_norms.main([str(two_runs / '*'), f'--fig_dir={tmp_path}/file/figs'])
-    assert str(e.value.code).startswith('plot_norms.py: error: --fig_dir: cannot write') and '\n' not in str(e.value.code)
+    assert (str(e.value.code).startswith('plot_norms.py: error: --fig_dir: cannot write')
+            and '\n' not in str(e.value.code))
     with pytest.raises(SystemExit) as e:
         paper.main([str(two_runs / '*'), f'--fig_dir={tmp_path}/file/figs'])
     assert str(e.value.code).startswith('python -m lab.paper: error: --fig_dir: cannot write')

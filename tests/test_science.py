@@ -14,7 +14,8 @@ SCIENCE = ['--n_layer=1', '--n_embd=64', '--n_head=2', '--n_loop=4', '--block_si
            '--learning_rate=3e-3', '--max_iters=40', '--eval_interval=40', '--eval_iters=2', '--log_interval=40']
 K = 4
 VARIANTS = {'rmsnorm': [], 'layernorm': ['--readout=layernorm'], 'raw': ['--readout=raw'],
-            'final_norm': ['--readout=final_norm'], 'penalty': ['--norm_penalty=0.01'], 'normed': ['--recurrence=normed']}
+            'final_norm': ['--readout=final_norm'], 'penalty': ['--norm_penalty=0.01'],
+            'normed': ['--recurrence=normed']}
 
 
 @pytest.fixture(scope='module')

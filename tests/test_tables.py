@@ -66,7 +66,8 @@ def docs_section():
 
 
 # one case per folder that holds a table or is named in either list: a new folder of tables is a new case, and fails
-FOLDERS = sorted({os.path.dirname(p) for p in committed_tables()} | set(REBUILT) | {os.path.dirname(p) for p in LOGLESS})
+FOLDERS = sorted({os.path.dirname(p) for p in committed_tables()} | set(REBUILT)
+                 | {os.path.dirname(p) for p in LOGLESS})
 
 
 @pytest.mark.parametrize('folder', FOLDERS)
@@ -125,7 +126,8 @@ def test_every_committed_log_reads_back_with_every_flag_train_py_has_today():
     flags = {a.dest for a in train.get_parser()._actions if a.dest != 'help'}
     for log in sorted(glob.glob(os.path.join(ROOT, 'figures', '**', 'log.jsonl'), recursive=True)):
         missing = flags - set(load_run(os.path.dirname(log))['config'])
-        assert not missing, f"{os.path.relpath(log, ROOT)} reads back without {sorted(missing)}: add them to NEWER_FLAGS"
+        assert not missing, (f"{os.path.relpath(log, ROOT)} reads back without {sorted(missing)}: "
+                             "add them to NEWER_FLAGS")
 
 
 def close(text, x):

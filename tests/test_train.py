@@ -129,7 +129,8 @@ def test_bad_input_is_one_line_and_harmless(finished_run, tmp_path, flags, messa
     flags = [f.format(empty=tmp_path / 'empty', truncated=truncated) for f in flags]
     if not any(f.startswith('--out_dir') for f in flags):
         flags.append(f'--out_dir={out}')  # point every bad command at a real run: it must survive
-    before = {p: digest(p) for p in (out / 'ckpt.pt', out / 'log.jsonl', truncated / 'ckpt.pt', truncated / 'log.jsonl')}
+    before = {p: digest(p)
+              for p in (out / 'ckpt.pt', out / 'log.jsonl', truncated / 'ckpt.pt', truncated / 'log.jsonl')}
     with pytest.raises(SystemExit) as e:
         train.main(['--dataset', data, *TINY, *flags])
     assert e.value.code not in (0, None) and message in str(e.value.code) and '\n' not in str(e.value.code)
@@ -190,7 +191,8 @@ def test_sample_prints_text_at_other_loop_counts(finished_run, capsys):
     expected = {}
     for n_loop in (2, 4):
         torch.manual_seed(1337)
-        ids, loops = engine_generate(model, torch.tensor([encode('ROMEO:')]), 20, temperature=0.8, top_k=200, n_loop=n_loop)
+        ids, loops = engine_generate(model, torch.tensor([encode('ROMEO:')]), 20, temperature=0.8, top_k=200,
+                                     n_loop=n_loop)
         expected[n_loop] = decode(ids[0].tolist())
         assert loops.tolist() == [[n_loop] * 20]
     sample.main(['--out_dir', str(out), '--n_loop=4', '--max_new_tokens=20', '--start=ROMEO:', '--num_samples=1'])
@@ -246,12 +248,10 @@ def test_show_depth_marks_every_generated_token(finished_run, capsys, monkeypatc
     assert sample.show_depth('a', ['b', 'c'], [1, 2], 2, ansi=True).endswith(f"a{paint[1]}b\033[0m{paint[2]}c\033[0m")
 
 
-
 def test_sample_gives_the_same_text_with_and_without_the_cache_and_each_samples_own_depths(finished_run, capsys,
                                                                                            monkeypatch):
     """sample.py with its KV cache and with --recompute prints the same samples at a fixed seed and depth, past
     block_size; with an exit rule and --show_depth each sample of the batch is marked with its own depths."""
-    from lab.designs import DesignedGPT
     _, out = finished_run
     argv = ['--out_dir', str(out), '--max_new_tokens=150', '--start=ROMEO:', '--num_samples=2']
     texts = []
@@ -351,10 +351,12 @@ def test_every_readme_command_parses():
             spec.loader.exec_module(module)
             module.get_parser().parse_args(argv)
         else:
-            assert script in ('sample', 'plot_norms'), f"python {script}.py: the lab's tools run as python -m lab.<tool>"
+            assert script in ('sample', 'plot_norms'), \
+                f"python {script}.py: the lab's tools run as python -m lab.<tool>"
             {'sample': sample, 'plot_norms': plot_norms}[script].get_parser().parse_args(argv)
         seen.add(script)
-    assert {'train', 'sample', 'plot_norms', '-m lab.diagnose', '-m lab.bench', '-m data.shakespeare_char.prepare'} <= seen, seen
+    assert {'train', 'sample', 'plot_norms', '-m lab.diagnose', '-m lab.bench',
+            '-m data.shakespeare_char.prepare'} <= seen, seen
 
 
 def test_readme_flags_exist_and_the_concept_table_matches_the_defaults():
@@ -363,13 +365,15 @@ def test_readme_flags_exist_and_the_concept_table_matches_the_defaults():
     import importlib
     import importlib.util
     sys.path.insert(0, os.path.join(ROOT, 'assignments'))
-    parsers = [train.get_parser(), importlib.import_module('lab.train').get_parser(), sample.get_parser(), diagnose.get_parser(), plot_norms.get_parser(),
-               bench.own_parser(), faults.get_parser(), matched_depth.get_parser(), atlas.get_parser(),
-               norm_course.get_parser(), converge.get_parser()]
-    parsers += [importlib.import_module(m).get_parser() for m in ('lab.compare', 'lab.sample', 'lab.paper', 'data.shakespeare_char.prepare', 'data.shakespeare.prepare',
+    parsers = [train.get_parser(), importlib.import_module('lab.train').get_parser(), sample.get_parser(),
+               diagnose.get_parser(), plot_norms.get_parser(), bench.own_parser(), faults.get_parser(),
+               matched_depth.get_parser(), atlas.get_parser(), norm_course.get_parser(), converge.get_parser()]
+    parsers += [importlib.import_module(m).get_parser() for m in (
+                'lab.compare', 'lab.sample', 'lab.paper', 'data.shakespeare_char.prepare', 'data.shakespeare.prepare',
                 'data.wikitext103.prepare', 'make_student', 'check_answers', 'mutations',
                 'test_pinned_math')]
-    spec = importlib.util.spec_from_file_location('key_mutations', os.path.join(ROOT, 'assignments', 'key', 'mutations.py'))
+    spec = importlib.util.spec_from_file_location('key_mutations',
+                                                  os.path.join(ROOT, 'assignments', 'key', 'mutations.py'))
     key = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(key)  # the kit's mutation list, whose --stubs the docs name
     parsers.append(key.get_parser())
@@ -387,13 +391,18 @@ def test_readme_flags_exist_and_the_concept_table_matches_the_defaults():
         assert str(parser.get_default(flag[2:])) == default, (flag, default, parser.get_default(flag[2:]))
 
 
-def test_sample_needs_only_the_model(finished_run, tmp_path):
-    """sample.py runs from a folder that holds nothing of this repository but sample.py and looped.py: no lab,
-    no dataset, no train.py."""
+def test_sample_needs_only_the_handout(finished_run, tmp_path):
+    """sample.py runs from a folder that holds sample.py, looped.py and plumbing/ (its checkpoint reader) with
+    data/common.py (the one error type) alone: no lab, no dataset, no train.py."""
     import shutil
     _, out = finished_run
     for name in ('sample.py', 'looped.py'):
         shutil.copy(os.path.join(ROOT, name), tmp_path / name)
+    shutil.copytree(os.path.join(ROOT, 'plumbing'), tmp_path / 'plumbing',
+                    ignore=shutil.ignore_patterns('__pycache__'))
+    os.makedirs(tmp_path / 'data')
+    for name in ('__init__.py', 'common.py'):
+        shutil.copy(os.path.join(ROOT, 'data', name), tmp_path / 'data' / name)
     r = subprocess.run([sys.executable, 'sample.py', '--out_dir', str(out), '--max_new_tokens=10', '--num_samples=1'],
                        cwd=tmp_path, capture_output=True, text=True, env={**os.environ, 'PYTHONPATH': ''})
     assert r.returncode == 0 and 'mean loops per token' in r.stdout, r.stderr

@@ -12,18 +12,16 @@ import sys
 
 import numpy as np
 import pytest
-from types import SimpleNamespace
 import torch
 
 from lab import diagnose
-from lab import runs
 import sample
 import train
 from lab import train as lab_train
 from conftest import ROOT, char_prepare
 from data import common
 from plumbing import run as run_folder
-from test_train import TINY, digest, finished_run, run_train  # noqa: F401 (a fixture)
+from test_train import TINY, digest, finished_run as finished_run, run_train  # noqa: F401 (a fixture)
 
 
 class Payload:
@@ -98,7 +96,8 @@ def victim(tmp_path):
 
 @pytest.mark.parametrize('name, flags', [('run.lock', ('--overwrite',)), ('log.jsonl', ('--overwrite',)),
                                          ('ckpt.pt.tmp', ('--resume',)), ('log.jsonl.tmp', ('--resume',))])
-def test_a_link_planted_in_a_run_folder_is_refused_and_its_target_untouched(finished_run, tmp_path, victim, name, flags):
+def test_a_link_planted_in_a_run_folder_is_refused_and_its_target_untouched(finished_run, tmp_path, victim, name,
+                                                                           flags):
     data, out = finished_run
     run = tmp_path / 'run'
     shutil.copytree(out, run)
@@ -163,7 +162,8 @@ def test_resume_stays_on_the_runs_dataset_and_refuses_another(small_data, tmp_pa
     assert digest(tmp_path / 'run' / 'ckpt.pt') == before
 
 
-def test_diagnose_refuses_a_re_prepared_dataset_and_finds_its_own_from_anywhere(small_data, tmp_path, monkeypatch, capsys):
+def test_diagnose_refuses_a_re_prepared_dataset_and_finds_its_own_from_anywhere(small_data, tmp_path, monkeypatch,
+                                                                                 capsys):
     data = tmp_path / 'data'
     shutil.copytree(small_data, data)
     run_train(str(data), tmp_path / 'run', '--max_iters=2')
@@ -288,7 +288,7 @@ def test_a_checkpoint_whose_weights_do_not_fit_its_config_is_one_line(finished_r
     torch.save(ckpt, run / 'ckpt.pt')
     with pytest.raises(SystemExit) as e:
         sample.main(['--out_dir', str(run)])
-    assert 'do not fit its own config' in one_line(e)
+    assert 'does not fit this model' in one_line(e)
 
 
 def test_sigterm_does_not_offer_a_second_ctrl_c(capsys):

@@ -11,9 +11,11 @@ import train
 from data import batches
 from data.wikitext103 import prepare as wikitext_prepare
 
-ARTICLE = (" = Valkyria Chronicles III = \n \n Senjō no Valkyria 3 : <unk> Chronicles ( Japanese : 戦場のヴァルキュリア3 , "
-           "lit . Valkyria of the Battlefield 3 ) , commonly referred to as Valkyria Chronicles III outside Japan , is a "
-           "tactical role @-@ playing video game developed by Sega and Media.Vision for the PlayStation Portable . \n \n")
+ARTICLE = (" = Valkyria Chronicles III = \n \n Senjō no Valkyria 3 : <unk> Chronicles "
+           "( Japanese : 戦場のヴァルキュリア3 , "
+           "lit . Valkyria of the Battlefield 3 ) , commonly referred to as Valkyria Chronicles III outside Japan , "
+           "is a tactical role @-@ playing video game developed by Sega and Media.Vision for the PlayStation "
+           "Portable . \n \n")
 
 
 def gpt2_or_skip():
@@ -102,7 +104,8 @@ def test_paper_config_prints_its_step_count(word_data, tmp_path, capsys):
                 '--out_dir', str(tmp_path)])
     n = len(np.fromfile(word_data / 'train.bin', dtype=np.uint16))
     steps, windows = batches.steps_from_epochs(0.05, n, 64, 2)
-    assert f"0.05 epochs x {windows:,} windows ({n:,} tokens in windows of 64 at stride 32) / 2 per step = {steps:,} steps" \
+    assert (f"0.05 epochs x {windows:,} windows ({n:,} tokens in windows of 64 at stride 32) / 2 per step = "
+            f"{steps:,} steps") \
         in capsys.readouterr().out
     with open(tmp_path / 'log.jsonl') as f:
         assert [json.loads(line) for line in f][-1]['step'] == steps

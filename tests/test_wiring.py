@@ -91,7 +91,8 @@ def test_evaluation_reads_the_validation_split(small_data, tmp_path, monkeypatch
     one_step(small_data, tmp_path, '--batch_size=4')
     data = train.Data(small_data, 16, 4, 'cpu', seed=0)
     val, trn = data.fixed_batches('val', 2), data.fixed_batches('train', 2)
-    same = lambda a, b: len(a) == len(b) and all(torch.equal(p[0], q[0]) and torch.equal(p[1], q[1]) for p, q in zip(a, b))
+    same = lambda a, b: len(a) == len(b) and all(torch.equal(p[0], q[0]) and torch.equal(p[1], q[1])
+                                                 for p, q in zip(a, b))
     assert not same(val, trn)  # the two splits give different windows, so the check below can tell them apart
     assert same(calls[0], val), 'the first evaluation (the validation loss) did not read the val split'
     assert same(calls[1], trn), 'the second evaluation (the train loss) did not read the train split'
@@ -113,7 +114,8 @@ def test_evaluate_turns_dropout_off_and_back_on(small_data):
 
 # ---- one optimizer step ---------------------------------------------------------------------------------------
 
-def test_gradient_accumulation_gives_the_gradient_of_one_large_batch(small_data, tmp_path, optimizer_steps, train_batches):
+def test_gradient_accumulation_gives_the_gradient_of_one_large_batch(small_data, tmp_path, optimizer_steps,
+                                                                     train_batches):
     one_step(small_data, tmp_path, '--batch_size=4', '--grad_accum=2', '--grad_clip=0')
     assert len(train_batches) == 2 and len(optimizer_steps) == 1  # two micro-steps, one update
     x, y = (torch.cat(t) for t in zip(*train_batches))
@@ -147,7 +149,8 @@ def test_optimizer_parameter_groups_under_each_init(init):
         assert decayed == {id(p) for p in params}
     else:  # nanoGPT decays the matrices only
         assert decayed == {id(p) for p in params if p.dim() >= 2}
-        assert {id(p) for g in groups if g['weight_decay'] == 0.0 for p in g['params']} == {id(p) for p in params if p.dim() < 2}
+        assert ({id(p) for g in groups if g['weight_decay'] == 0.0 for p in g['params']}
+                == {id(p) for p in params if p.dim() < 2})
 
 
 # ---- the model's wiring ---------------------------------------------------------------------------------------
@@ -204,7 +207,8 @@ def test_mlp_activation_under_each_choice(mlp):
     want = block.c_proj(F.silu(u) * block.c_gate(x) if mlp == 'swiglu' else F.gelu(u))
     assert hasattr(block, 'c_gate') == (mlp == 'swiglu')
     torch.testing.assert_close(block(x), want)
-    others = [F.relu(u), F.gelu(u, approximate='tanh'), F.silu(u)] if mlp == 'gelu' else [F.gelu(u) * block.c_gate(x), F.silu(u)]
+    others = ([F.relu(u), F.gelu(u, approximate='tanh'), F.silu(u)] if mlp == 'gelu'
+              else [F.gelu(u) * block.c_gate(x), F.silu(u)])
     for other in others:  # the inputs are large enough that the activations differ visibly
         assert not torch.allclose(block(x), block.c_proj(other), atol=1e-4)
 

@@ -65,7 +65,8 @@ def run_dir(tmp_path_factory):
 
 def test_diagnose_writes_its_figure_into_folders_it_creates(run_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the relative path as a user types it
-    diagnose.main(['--out_dir', str(run_dir), '--only=lemma', '--diag_windows=2', '--lemma_loops=3', '--fig=A/B/lemma.png'])
+    diagnose.main(['--out_dir', str(run_dir), '--only=lemma', '--diag_windows=2', '--lemma_loops=3',
+                   '--fig=A/B/lemma.png'])
     assert (tmp_path / 'A' / 'B' / 'lemma.png').stat().st_size > 0
 
 
@@ -79,7 +80,8 @@ def test_train_and_prepare_create_their_folders(tmp_path):
     text = tmp_path / 'in.txt'
     text.write_text('Thou art more lovely and more temperate.\n' * 50)
     data = tmp_path / 'new' / 'data'
-    r = subprocess.run([sys.executable, '-m', 'data.shakespeare_char.prepare', '--input', str(text), '--out_dir', str(data)],
+    r = subprocess.run([sys.executable, '-m', 'data.shakespeare_char.prepare', '--input', str(text),
+                        '--out_dir', str(data)],
                        cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     train.main(['--dataset', str(data), '--out_dir', str(tmp_path / 'x' / 'y' / 'run'), *TINY, '--max_iters=1'])

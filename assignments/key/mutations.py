@@ -182,7 +182,8 @@ MUTATIONS = [
     ('a6', 'looped.py', '.float() upcast, which lowers a float64 input',
      'hf = h.to(torch.promote_types(h.dtype, torch.float32))', 'hf = h.float()'),
     ('a6', 'looped.py', 'alpha and 1 - alpha swapped',
-     'torch.exp((1 - self.alpha()) * (self.log_s_ref - s.log()))', 'torch.exp(self.alpha() * (self.log_s_ref - s.log()))'),
+     'torch.exp((1 - self.alpha()) * (self.log_s_ref - s.log()))',
+     'torch.exp(self.alpha() * (self.log_s_ref - s.log()))'),
     ('a6', 'looped.py', 's_ref left out',
      'torch.exp((1 - self.alpha()) * (self.log_s_ref - s.log()))', 'torch.exp((1 - self.alpha()) * (-s.log()))'),
     ('a6', 'looped.py', 'alpha detached',
@@ -476,7 +477,8 @@ def main(argv=None):
                             f.write(text)
                 marker = f"NotImplementedError: {stub_marker(a)}"
                 print(json.dumps({'stubbed': a, 'passed': got.passed, 'failed': got.failed, 'errors': got.errors,
-                                  'all_not_implemented': bool(got.messages) and all(marker in m for m in got.messages)}),
+                                  'all_not_implemented': bool(got.messages)
+                                  and all(marker in m for m in got.messages)}),
                       flush=True)
         tried = caught = 0
         for a, path, what, old, new, *hint in MUTATIONS:

@@ -7,6 +7,7 @@ import torch
 
 from grading import check_close, generated_both_ways, tiny, one_thread  # noqa: F401
 
+
 def recorded(model, scale=1.0):
     """Wrap the model's loop_pass so that the arguments of every pass (h, e, k, n_loop) are
     recorded and its output multiplied by scale. Returns (calls, outputs): calls[k - 1] is a dict

@@ -88,8 +88,9 @@ def test_the_latent_rule_on_hand_made_states():
     pmax, kl = np.full((3, 3), 0.1), np.full((3, 3), math.inf)
     latent = np.array([[0.05, 0.5, 0.5], [0.5, 0.05, 0.01], [0.5, 0.5, 0.5]])
     got = [int(d) for d in exit_depths('latent', 0.05, pmax, kl, 3, latent)]
-    assert got == [1, 2, 3], (f"exit_depths('latent', 0.05) on a hand-made latent column gave {got}, expected [1, 2, 3]: "
-                              f"the latent rule reads its own column (the latent argument), and can pass at loop 1.")
+    assert got == [1, 2, 3], (f"exit_depths('latent', 0.05) on a hand-made latent column gave {got}, "
+                              f"expected [1, 2, 3]: the latent rule reads its own column (the latent argument), "
+                              f"and can pass at loop 1.")
 
 
 def test_the_latent_rule_divides_by_the_previous_states_norm():

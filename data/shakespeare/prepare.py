@@ -1,10 +1,13 @@
 """
-Tiny Shakespeare with the GPT-2 BPE (tiktoken): train.bin / val.bin (uint16 token ids) and meta.json.
+Tiny Shakespeare with the GPT-2 BPE (tiktoken): train.bin / val.bin (uint16 token ids) and
+meta.json.
 
-    python -m data.shakespeare.prepare                        # from data/shakespeare_char/input.txt (ships)
+    python -m data.shakespeare.prepare                        # from data/shakespeare_char/input.txt
+                                                              # (ships)
     python -m data.shakespeare.prepare --input=my_text.txt    # any UTF-8 text of your own instead
 
-tiktoken fetches its BPE files once; offline, point TIKTOKEN_CACHE_DIR at a folder that holds them. Expected for the classic file: 301,966 train / 36,059 val tokens.
+tiktoken fetches its BPE files once; offline, point TIKTOKEN_CACHE_DIR at a folder that holds them.
+Expected for the classic file: 301,966 train / 36,059 val tokens.
 """
 
 import os
@@ -37,11 +40,12 @@ def main(argv=None):
     n = int(0.9 * len(text))
     train_ids, val_ids = enc.encode_ordinary(text[:n]), enc.encode_ordinary(text[n:])
     try:
-        write_dataset(args.out_dir, train_ids, val_ids, {'vocab_size': enc.n_vocab, 'tokenizer': 'gpt2'})
+        write_dataset(args.out_dir, train_ids, val_ids,
+                      {'vocab_size': enc.n_vocab, 'tokenizer': 'gpt2'})
     except PrepareError as e:
         sys.exit(f"prepare.py: error: {e}")
-    print(f"{len(text):,} characters -> {len(train_ids):,} train / {len(val_ids):,} val GPT-2 tokens "
-          f"(vocab {enc.n_vocab}) -> {args.out_dir}")
+    print(f"{len(text):,} characters -> {len(train_ids):,} train / {len(val_ids):,} val GPT-2 "
+          f"tokens (vocab {enc.n_vocab}) -> {args.out_dir}")
 
 
 if __name__ == '__main__':

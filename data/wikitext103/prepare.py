@@ -1,21 +1,27 @@
 """
-WikiText-103 (raw) for the paper-scale configurations: train.bin / val.bin (uint16 token ids) and meta.json.
+WikiText-103 (raw) for the paper-scale configurations: train.bin / val.bin (uint16 token ids) and
+meta.json.
 
-    python -m data.wikitext103.prepare                                   # downloads the 190 MB zip once
+    python -m data.wikitext103.prepare                                   # downloads the 190 MB zip
+                                                                         # once
     python -m data.wikitext103.prepare --url=https://my.mirror/wt103.zip # your own source first
-    python -m data.wikitext103.prepare --input=path/to/wikitext-103-raw  # a folder with wiki.{train,valid}.raw
-    python -m data.wikitext103.prepare --tokenizer=gpt2                  # GPT-2 BPE instead (tiktoken)
+    python -m data.wikitext103.prepare --input=path/to/wikitext-103-raw  # a folder with
+                                                                         # wiki.{train,valid}.raw
+    python -m data.wikitext103.prepare --tokenizer=gpt2                  # GPT-2 BPE instead
+                                                                         # (tiktoken)
 
-The zip is fetched from the first source in SOURCES that works (the --url ones before them), streamed to a
-.tmp file and kept only after it passes its checks: it opens, every member's CRC is right, and
-wiki.train.raw and wiki.valid.raw are in it. Their line and token counts are then printed beside the published
-ones. The original address (an S3 bucket of research.metamind.io) has refused every request since 2024.
+The zip is fetched from the first source in SOURCES that works (the --url ones before them),
+streamed to a .tmp file and kept only after it passes its checks: it opens, every member's CRC is
+right, and wiki.train.raw and wiki.valid.raw are in it. Their line and token counts are then printed
+beside the published ones. The original address (an S3 bucket of research.metamind.io) has refused
+every request since 2024.
 
-The default tokenizer is the paper's word-level one: a regex splits the text into runs of whitespace, runs of
-word characters, and single punctuation marks; the vocabulary is the 20,000 most frequent tokens that occur at
-least twice in the training split, plus <unk> (id 0) for everything else. It is what makes the paper's models
-44M and 129M parameters; the script prints the parameter counts both configurations get from its vocabulary
-(so it imports looped.py's model, and with it torch).
+The default tokenizer is the paper's word-level one: a regex splits the text into runs of
+whitespace, runs of word characters, and single punctuation marks; the vocabulary is the 20,000 most
+frequent tokens that occur at least twice in the training split, plus <unk> (id 0) for everything
+else. It is what makes the paper's models 44M and 129M parameters; the script prints the parameter
+counts both configurations get from its vocabulary (so it imports looped.py's model, and with it
+torch).
 """
 
 import argparse
@@ -32,24 +38,27 @@ from data.common import PrepareError, download, read_text, write_dataset
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ZIP_NAME = 'wikitext-103-raw-v1.zip'
-# Tried in order. The first is the dataset author's own mirror (it refuses Python's default User-Agent, so
-# download() sends a browser's); the second a copy of the same zip on the Hugging Face Hub (it redirects to a CDN).
+# Tried in order. The first is the dataset author's own mirror (it refuses Python's default
+# User-Agent, so download() sends a browser's); the second a copy of the same zip on the Hugging
+# Face Hub (it redirects to a CDN).
 SOURCES = ['https://wikitext.smerity.com/wikitext-103-raw-v1.zip',
            'https://huggingface.co/datasets/mattdangerw/wikitext-103-raw/resolve/main/wikitext-103-raw-v1.zip']
 PATTERN = r'\s+|\w+|[^\w\s]'  # whitespace runs, word runs, single punctuation marks
 VOCAB = 20_000
 SPLITS = {'train': 'wiki.train.raw', 'val': 'wiki.valid.raw'}
-# The published sizes (WikiText paper, Merity et al. 2016, and the dataset's line counts): tokens are the
-# whitespace-separated words plus one end-of-line token per line, as the paper counts them.
-PUBLISHED = {'train': {'lines': 1_801_350, 'tokens': 103_227_021}, 'val': {'lines': 3_760, 'tokens': 217_646}}
-# The shapes of train.py's two paper configurations (--config=paper_44m, paper_129m): the parameter count they get
-# from the vocabulary is printed at the end
+# The published sizes (WikiText paper, Merity et al. 2016, and the dataset's line counts): tokens
+# are the whitespace-separated words plus one end-of-line token per line, as the paper counts them.
+PUBLISHED = {'train': {'lines': 1_801_350, 'tokens': 103_227_021},
+             'val': {'lines': 3_760, 'tokens': 217_646}}
+# The shapes of train.py's two paper configurations (--config=paper_44m, paper_129m): the parameter
+# count they get from the vocabulary is printed at the end
 PAPER_SHAPES = {'paper_44m': dict(n_layer=8, n_embd=512, n_head=8, n_loop=4, block_size=256),
                 'paper_129m': dict(n_layer=12, n_embd=768, n_head=12, n_loop=4, block_size=256)}
 
 
 def check_zip(path):
-    """PrepareError unless path is a zip whose members all pass their CRC check and which holds both splits."""
+    """PrepareError unless path is a zip whose members all pass their CRC check and which holds both
+    splits."""
     try:
         with zipfile.ZipFile(path) as z:
             bad = z.testzip()  # reads every member and checks its CRC
@@ -64,8 +73,9 @@ def check_zip(path):
 
 
 def read_splits(input_path, out_dir, urls, timeout):
-    """{'train': text, 'val': text} from a folder holding the .raw files, from a zip, or from the first source
-    that works (the zip is kept in out_dir, so a second run downloads nothing unless --url asks for it)."""
+    """{'train': text, 'val': text} from a folder holding the .raw files, from a zip, or from the
+    first source that works (the zip is kept in out_dir, so a second run downloads nothing unless
+    --url asks for it)."""
     if input_path is not None and os.path.isdir(input_path):
         paths = {s: os.path.join(input_path, name) for s, name in SPLITS.items()}
         missing = [p for p in paths.values() if not os.path.exists(p)]
@@ -78,7 +88,8 @@ def read_splits(input_path, out_dir, urls, timeout):
         try:
             used = download(urls + SOURCES, zip_path, check_zip, timeout)
         except PrepareError as e:
-            raise PrepareError(f"{e}. With the zip or the unpacked folder at hand, pass it with --input=PATH") from None
+            raise PrepareError(f"{e}. With the zip or the unpacked folder at hand, pass it with "
+                               "--input=PATH") from None
         print(f"using {used} -> {zip_path}")
     elif not os.path.exists(zip_path):
         raise PrepareError(f"input {zip_path} does not exist")
@@ -92,15 +103,20 @@ def read_splits(input_path, out_dir, urls, timeout):
 
 
 def compare_with_published(texts):
-    """Print each split's lines and tokens beside the published counts, with a note where they differ."""
+    """Print each split's lines and tokens beside the published counts, with a note where they
+    differ."""
     for split, text in texts.items():
         got = {'lines': text.count('\n'), 'tokens': len(text.split()) + text.count('\n')}
         want = PUBLISHED[split]
         same = got == want
-        print(f"{SPLITS[split]}: {got['lines']:,} lines, {got['tokens']:,} tokens; published {want['lines']:,} lines, "
-              f"{want['tokens']:,} tokens" + ('' if same else ' (note: differs: not the published WikiText-103?)'))
+        print(f"{SPLITS[split]}: {got['lines']:,} lines, {got['tokens']:,} tokens; published "
+              f"{want['lines']:,} lines, {want['tokens']:,} tokens"
+              + ('' if same else ' (note: differs: not the published WikiText-103?)'))
+
+
 def word_tokenizer(train_text):
-    """(encode, itos): the regex tokenizer with the paper's vocabulary rule, built from the training split."""
+    """(encode, itos): the regex tokenizer with the paper's vocabulary rule, built from the training
+    split."""
     counts = collections.Counter(re.findall(PATTERN, train_text))
     itos = ['<unk>'] + [tok for tok, n in counts.most_common(VOCAB) if n >= 2]
     stoi = {tok: i for i, tok in enumerate(itos)}
@@ -108,13 +124,18 @@ def word_tokenizer(train_text):
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument('--input', default=None, help='the zip, or a folder with wiki.train.raw and wiki.valid.raw')
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('--input', default=None,
+                   help='the zip, or a folder with wiki.train.raw and wiki.valid.raw')
     p.add_argument('--tokenizer', default='word', choices=['word', 'gpt2'])
-    p.add_argument('--out_dir', default=HERE, help='where train.bin, val.bin and meta.json (and the zip) go')
+    p.add_argument('--out_dir', default=HERE,
+                   help='where train.bin, val.bin and meta.json (and the zip) go')
     p.add_argument('--url', action='append', default=[],
-                   help='a source of the zip to try before the built-in ones (repeatable; always downloads)')
-    p.add_argument('--timeout', type=float, default=30, help='seconds a source may stay silent before it is given up')
+                   help='a source of the zip to try before the built-in ones '
+                   '(repeatable; always downloads)')
+    p.add_argument('--timeout', type=float, default=30,
+                   help='seconds a source may stay silent before it is given up')
     return p
 
 
@@ -147,7 +168,8 @@ def main(argv=None):
     from looped import LoopedConfig, LoopedGPT  # here: the counts are all that needs torch
     for name, shape in PAPER_SHAPES.items():
         with_vocab = LoopedGPT(LoopedConfig(vocab_size=meta['vocab_size'], **shape))
-        print(f"{name} with this vocabulary ({meta['vocab_size']:,}): {with_vocab.num_params():,} parameters")
+        print(f"{name} with this vocabulary ({meta['vocab_size']:,}): "
+              f"{with_vocab.num_params():,} parameters")
     print(f"done in {time.time() - t0:.0f} s -> {args.out_dir}")
 
 
