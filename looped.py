@@ -86,7 +86,7 @@ class LoopedConfig:
 
 
 class RMSNorm(nn.Module):
-    """x / rms(x) * weight: scale-invariant, RMSNorm(a * x) == RMSNorm(x) for any a > 0."""
+    """x / rms(x) * weight: scale-invariant, RMSNorm(a * x) == RMSNorm(x) for a > 0 (up to eps)."""
 
     def __init__(self, dim, eps):
         super().__init__()
@@ -311,7 +311,7 @@ class LoopedGPT(nn.Module):
             states.append(h)
             if targets is None:
                 continue
-            if k < K:  # recomputed in backward, not kept: K copies of the logits would not fit
+            if k < K:  # recomputed in backward: K copies of a large vocab's logits would not fit
                 ce = checkpoint(self.loop_loss, h, k, targets, use_reentrant=False)[1]
             else:
                 logits, ce = self.loop_loss(h, k, targets)             # (B, T, V), returned
@@ -325,7 +325,7 @@ class LoopedGPT(nn.Module):
 
     def flops_per_token(self):
         """Training FLOPs per token, nanoGPT's count: 6 per use of a matrix weight (the stack's once
-        a loop, the head's once a supervised loop) plus attention's 12 * layers * d * T."""
+        a loop, the head's once a supervised loop) plus attention's 12 * K * n_layer * d * T."""
         c, K = self.config, self.config.n_loop
         readouts = 1 if c.supervision == 'terminal' else K
         stack = sum(p.numel() for p in self.blocks.parameters() if p.dim() >= 2)
@@ -343,8 +343,8 @@ class LoopedGPT(nn.Module):
                  exit_rule=None, exit_threshold=None, return_depths=False):
         """Append max_new_tokens sampled tokens to idx (B, T), each from its window run through
         n_loop loops (the trained K unless set), or up to the first whose exit rule passes. The
-        window holds the last block_size tokens and, once full, restarts from its newest half:
-        the rule a KV cache can keep (lab/engine.py). return_depths: also each token's exit loop."""
+        window grows to block_size tokens, then restarts from its newest half (not nanoGPT's last
+        block_size), a rule a KV cache can keep (lab/engine.py); return_depths: exit loops too."""
         K, block = n_loop or self.config.n_loop, self.config.block_size
         start, depths = max(0, idx.size(1) - block), []
         for _ in range(max_new_tokens):
@@ -360,7 +360,7 @@ class LoopedGPT(nn.Module):
             idx = torch.cat((idx, sample(logp, temperature, top_k)), dim=1)
         if not return_depths:
             return idx
-        return idx, torch.stack(depths, 1) if depths else idx.new_zeros(idx.size(0), 0)
+        return idx, (torch.stack(depths, 1) if depths else idx.new_zeros(idx.size(0), 0))
 
     def exit_early(self, idx, n_loop, rule, t):
         """The next token's log-probabilities (B, V) from idx (B, T), each row's from the first loop

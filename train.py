@@ -11,8 +11,9 @@ One GPU (bf16 or float16, torch.compile), continuing a run, nanoGPT's cosine, se
     python train.py --resume --max_iters=1200
     python train.py --decay_lr --warmup_iters=50
     torchrun --standalone --nproc_per_node=2 train.py --device=cpu
-Beside the loop, data/ holds the parser's plumbing, the batches, the device and the run folder;
-the field's other designs train through this file with python -m lab.train <flags>.
+Beside the loop: data/ holds the datasets and the batches; plumbing/run.py the parser, presets,
+device, processes, run folder and progress line. The field's other designs train through this
+file with python -m lab.train <flags>.
 """
 
 import argparse
@@ -83,7 +84,8 @@ def get_parser(prog='train.py'):
     add('--log_interval', type=int, default=20, help='steps between progress lines')
     add('--dataset', default='shakespeare_char', help='shakespeare_char, shakespeare, '
         'wikitext103 (data/), or a folder with train.bin, val.bin and meta.json')
-    add('--out_dir', help='unset: out/<config>-<each variant flag off its default>')
+    add('--out_dir', help='unset: out/<config>, then supervision, readout, alpha, norm_penalty and '
+        'recurrence where off their defaults (out/laptop-readout_raw)')
     flag('--resume', False, 'continue the run in out_dir (named by the same flags)')
     flag('--overwrite', False, 'start afresh even if out_dir already holds a run')
     # the system
@@ -95,7 +97,7 @@ def get_parser(prog='train.py'):
     return p
 
 
-def parse_args(argv=None, parser=None, name=None):
+def parse_args(argv=None, parser=None, out_dir_of=None):
     argv = sys.argv[1:] if argv is None else argv
     parser, given = parser or get_parser(), given_flags(argv)
     args = parser.parse_args(argv)
@@ -110,7 +112,8 @@ def parse_args(argv=None, parser=None, name=None):
         parser.error("--resume continues a run and --overwrite replaces it: give one of them")
     if bad_flag(args):
         parser.error(bad_flag(args))
-    args.out_dir = args.out_dir or (name(args) if name else run_name(args, LoopedConfig()))
+    # the default run folder: out_dir_of(args) (the lab's names), else plumbing's run_name
+    args.out_dir = args.out_dir or (out_dir_of or (lambda a: run_name(a, LoopedConfig())))(args)
     return args
 
 
@@ -228,8 +231,8 @@ class Run:
     """What the training loop works with, made once by setup() and never added to. Where training
     stands (the step, the best loss, the last record) changes every step: the loop keeps it."""
     args: argparse.Namespace  # the flags, with a resumed run's and the schedule's values in them
-    raw_model: nn.Module  # the plain model: checkpoints and evaluation use it
-    model: nn.Module  # what a step calls: raw_model, compiled in regions or wrapped by DDP
+    raw_model: nn.Module  # the model (its layers compiled in place by --compile): saved, evaluated
+    model: nn.Module  # what a step calls: raw_model itself, or raw_model wrapped by DDP
     optimizer: torch.optim.Optimizer  # AdamW
     scaler: torch.amp.GradScaler  # float16's loss scaling; a pass-through otherwise
     data: Data  # the batches, and the seeded generator that draws them
@@ -322,10 +325,11 @@ def save(run, step, best_val_loss, last_eval_step, record, run_id):
             'data': run.data.identity, 'rng': rng, 'run_id': run_id}, step)
 
 
-def main(argv=None, parser=None, hooks=Hooks(), name=None):
-    """One run: python train.py's; lab/train.py passes its parser, hooks and run names. A check of
-    what the user gave (InputError) prints one line; anything else is a bug: its traceback shows."""
-    args = parse_args(argv, parser, name)
+def main(argv=None, parser=None, hooks=Hooks(), out_dir_of=None):
+    """One run: python train.py's; lab/train.py passes its parser, hooks and run folders' names. A
+    check of what the user gave (InputError) prints one line; anything else is a bug: its traceback
+    shows."""
+    args = parse_args(argv, parser, out_dir_of)
     lock, ok = None, False
     try:
         run = setup(args, given_flags(argv), hooks)

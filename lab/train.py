@@ -76,11 +76,11 @@ class Designs(train.Hooks):
 def parse_args(argv=None):
     """train.py's parse_args with this command's parser and run names (the lab's tools read a
     design's flags so)."""
-    return train.parse_args(argv, get_parser(), name=lambda args: run_name(args.config, vars(args)))
+    return train.parse_args(argv, get_parser(), out_dir_of=lambda args: run_name(args.config, vars(args)))
 
 
 def main(argv=None):
-    train.main(argv, get_parser(), Designs(), name=lambda a: run_name(a.config, vars(a)))
+    train.main(argv, get_parser(), Designs(), out_dir_of=lambda a: run_name(a.config, vars(a)))
 
 
 if __name__ == '__main__':
