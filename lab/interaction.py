@@ -373,6 +373,14 @@ def course_table(cells):
     return markdown(header, rows)
 
 
+def penalty_reading(cells):
+    """rmsnorm + penalty 0.01 - raw at K = 4, depth 4, seed by seed: how much of the readout's K = 4 gap the
+    penalty closes (a reading: no prediction was written for it)."""
+    seeds, diffs = paired(cells, PENALIZED, K4_RAW, at_k)
+    return (f"rmsnorm + penalty {PENALTY:g} - raw at K = 4, depth 4, at step {STEPS:,}: {interval(diffs)}, seeds "
+            f"{' '.join(map(str, seeds))} (a reading; the penalty's gap to raw, beside the readout's +0.1)")
+
+
 def course_figure(cells, path):
     """fig_interaction_course.png: I and the two readout gaps at every evaluation from step 200 (validation,
     depth K), each the mean over the seeds with all four runs and its 95% t interval (unadjusted)."""
@@ -428,6 +436,7 @@ def tables(runs):
                  f"{STEPS:,}). Each cell: the mean over the seeds named and its 95% t interval, unadjusted. Seeds "
                  "1-3 of three cells are the convergence grid's runs (the code of that day); seeds 4-6 and K = 1 "
                  "raw are this grid's; the last two rows split I so.\n\n" + course_table(cells)
+                 + "\n\n" + penalty_reading(cells)
                  + "\n\n![the interaction over training](fig_interaction_course.png)")
     parts.append("## Readings of the convergence grid's runs (not tests)\n\n" + readings_text(cells))
     if notes:

@@ -176,3 +176,11 @@ def test_the_course_table_is_each_steps_interaction_and_the_training_loss_row_re
         f"{mean([1, 2, 3, 4, 5]) + 0.01:+.3f} [")
     assert rows[('3,000', 'validation', '4 5')][-1].startswith(f"{mean([4, 5]):+.3f} [")
     assert rows[('3,000', 'validation', '1 2 3')][-1].startswith(f"{mean([1, 2, 3]):+.3f} [")
+
+
+def test_the_penalty_reading_is_its_gap_to_raw_at_k4(tmp_path):
+    """Seed s's rmsnorm + penalty sits 0.05 + 0.002 s below K = 4 rmsnorm, which sits d1 + I_s above raw
+    (d1 = 0.09 + 0.002 s): the penalty's gap to raw is 0.04 + I_s, seeds 1-3."""
+    cells, _ = converge.by_cell(grid(tmp_path))
+    text = interaction.penalty_reading(cells)
+    assert f"{0.04 + sum(I_S[s] for s in (1, 2, 3)) / 3:+.3f} [" in text and 'seeds 1 2 3 (a reading' in text
