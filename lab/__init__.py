@@ -28,6 +28,7 @@ loop train.py, at the repository's root; the tools here run from the root as `py
     one_pass       why rmsnorm costs with one pass: the head, the stack's scale, the endpoint, the rate
                    (python -m lab.one_pass)
     answers        the answer tokens' loss and accuracy by exit depth, on a task with answers (python -m lab.answers)
+    testbed        do the loops help on chained assignment (data/chains)? K = 4 against K = 1 (python -m lab.testbed)
     norm_course    the norm's course over long training (python -m lab.norm_course)
     bench          the training step's speed (python -m lab.bench)
     compare        this checkout's step and generation timed against another's (python -m lab.compare)

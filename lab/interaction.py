@@ -14,8 +14,9 @@ one pass is the readout's (or its head's), not the loops'. The question is the i
 
 measured paired by seed: seed s gives one I from the four runs of seed s. The runs added here (lr 3e-3, the
 convergence recipe): seeds 4-6 of K = 4 rmsnorm, K = 4 raw and K = 1 rmsnorm; K = 1 raw seeds 1-6; and K = 4
-rmsnorm + norm penalty 0.01 seeds 1-3 (a change of the state's scale alone, rmsnorm's readout being
-scale-invariant). Seeds 1-3 of the other three cells are the convergence grid's committed runs
+rmsnorm + norm penalty 0.01 seeds 1-3 (a loss on the state's scale, which rmsnorm's readout cannot see;
+its gradient still reaches every weight that writes the state, so it changes more than the scale). Seeds 1-3
+of the other three cells are the convergence grid's committed runs
 (committed under figures/, in the convergence grid's folder); the new logs are committed in a folder of
 their own beside it (--committed).
 
