@@ -206,6 +206,21 @@ def figure(cells, path):
     return save_figure(fig, path)
 
 
+def norm_figure(cells, path):
+    """fig_norms.png: ||h_k|| against exit depth k = 1..2K at the last evaluation, each cell's mean over seeds."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for i, (name, runs) in enumerate(sorted(cells.items())):
+        norms = np.array([r['records'][-1]['hidden_norm'] for r in runs.values()])
+        ax.plot(np.arange(1, norms.shape[1] + 1), norms.mean(0), 'o-', color=f"C{i}",
+                label=f"{name} ({len(norms)} seeds)")
+    ax.set(xlabel='loop k (past K: extrapolated)', ylabel='||h_k|| at the last evaluation (validation)')
+    ax.set_title('Chained assignment: the state\'s norm by loop', fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    return save_figure(fig, path)
+
+
 # ---- the command
 
 def get_parser():
@@ -237,7 +252,8 @@ def main(argv=None):
         cells = by_cell(runs)[0]
     except LogError as e:
         fail(PROG, e)
-    write_outputs(args.fig_dir, tables(runs), {'fig_answers.png': lambda path: figure(cells, path)})
+    write_outputs(args.fig_dir, tables(runs), {'fig_answers.png': lambda path: figure(cells, path),
+                                               'fig_norms.png': lambda path: norm_figure(cells, path)})
 
 
 if __name__ == '__main__':
