@@ -182,8 +182,9 @@ def last(run):
     return run['records'][-1]
 
 
-def by_cell(runs):
-    """{cell: {seed: run}} of the runs that reached their last step; the others are named in a note."""
+def by_cell(runs, cell_of=cell_of):
+    """{cell: {seed: run}} of the runs that reached their last step (cell_of(run) names each run's cell); the others
+    are named in a note."""
     cells, notes = {}, []
     for run in runs:
         if last(run)['step'] < run['config']['max_iters']:

@@ -486,29 +486,36 @@ def default_folders():
                   + glob.glob(os.path.join(ROOT, 'figures', 'interaction', 'runs', '*')))
 
 
-def read_runs(named, trained):
+def read_runs(named, trained, defaults=None):
     """The runs named (folders or quoted globs) and those just trained; with none named, the default folders
-    beside the trained ones (a trained run reused from its committed folder is read once)."""
+    (defaults(), this tool's default_folders unless given) beside the trained ones (a trained run reused from its
+    committed folder is read once)."""
     if named:
         return load_runs(named, trained)
     seen = {os.path.realpath(f) for f in trained}
-    return load_runs([], list(trained) + [f for f in default_folders() if os.path.realpath(f) not in seen])
+    folders = [f for f in (defaults or default_folders)() if os.path.realpath(f) not in seen]
+    return load_runs([], list(trained) + folders)
 
 
-def main(argv=None):
-    p = get_parser()
+def train_and_read(p, argv, grid, jobs, prog, defaults=None):
+    """A grid tool's command line (p: its grid_parser): with --run, train this worker's part of jobs first; then
+    read the runs (read_runs). Returns (args, runs); a log that cannot be read is one line."""
     args = p.parse_args(argv)
     extra = split_flags(p, args.train_args)
     part = parse_part(p, args.part)
     check_destination(p, os.path.join(args.fig_dir, 'table.md'), '--fig_dir')  # before hours of training
     trained = []
     if args.run:
-        trained = run_grid(args.config, None, args.out_root, extra, grid=GRID, prog=PROG,
-                           finished_in=args.committed, jobs=JOBS, part=part)
+        trained = run_grid(args.config, None, args.out_root, extra, grid=grid, prog=prog,
+                           finished_in=args.committed, jobs=jobs, part=part)
     try:
-        runs = read_runs(args.runs, trained)
+        return args, read_runs(args.runs, trained, defaults)
     except LogError as e:
-        fail(PROG, e)
+        fail(prog, e)
+
+
+def main(argv=None):
+    args, runs = train_and_read(get_parser(), argv, GRID, JOBS, PROG)
     write_outputs(args.fig_dir, tables(runs),
                   {'fig_interaction.png': lambda path: figure(by_cell(runs)[0], path),
                    'fig_interaction_course.png': lambda path: course_figure(by_cell(runs)[0], path)})

@@ -30,9 +30,9 @@ import numpy as np
 from lab import converge
 from lab.converge import RECIPE, at_k, cell, last
 from lab.cost import comparison_row, family_table, mean_sd, paired
-from lab.grid import ROOT, LogError, load_runs, run_grid
-from lab.report import (check_destination, fail, grid_parser, markdown, parse_part, run_main, split_flags,
-                        write_outputs)
+from lab.grid import ROOT
+from lab.interaction import train_and_read
+from lab.report import grid_parser, markdown, run_main, write_outputs
 from lab.stats import fmt_number
 
 PROG = 'python -m lab.one_pass'
@@ -131,15 +131,8 @@ def cell_of(run):
 
 
 def by_cell(runs):
-    """{cell: {seed: run}} of the runs that reached their last step; the others are named in a note."""
-    cells, notes = {}, []
-    for run in runs:
-        if last(run)['step'] < run['config']['max_iters']:
-            notes.append(f"{os.path.basename(os.path.normpath(run['folder']))} at step {last(run)['step']} of "
-                         f"{run['config']['max_iters']}")
-            continue
-        cells.setdefault(cell_of(run), {})[run['config']['seed']] = run
-    return cells, notes
+    """{cell: {seed: run}} of the runs that reached their last step (this tool's cells); the others in a note."""
+    return converge.by_cell(runs, cell_of)
 
 
 def only(cells, seeds=SEEDS):
@@ -270,23 +263,7 @@ def default_folders():
 
 
 def main(argv=None):
-    p = get_parser()
-    args = p.parse_args(argv)
-    extra = split_flags(p, args.train_args)
-    part = parse_part(p, args.part)
-    check_destination(p, os.path.join(args.fig_dir, 'table.md'), '--fig_dir')  # before hours of training
-    trained = []
-    if args.run:
-        trained = run_grid(args.config, None, args.out_root, extra, grid=GRID, prog=PROG,
-                           finished_in=args.committed, jobs=JOBS, part=part)
-    try:
-        if args.runs:
-            runs = load_runs(args.runs, trained)
-        else:
-            seen = {os.path.realpath(f) for f in trained}
-            runs = load_runs([], list(trained) + [f for f in default_folders() if os.path.realpath(f) not in seen])
-    except LogError as e:
-        fail(PROG, e)
+    args, runs = train_and_read(get_parser(), argv, GRID, JOBS, PROG, default_folders)
     write_outputs(args.fig_dir, tables(runs), {})
 
 
