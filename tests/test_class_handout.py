@@ -91,16 +91,17 @@ def test_logits_doubled_in_head_loss_reach_training_and_sampling_and_an_old_chec
 
 
 def test_two_runs_started_together_into_one_out_dir_never_share_it(small_data, tmp_path):
-    """Five times: two train.py started at once into one out_dir. Exactly one trains (exit 0); the other refuses
-    in one line, whichever wins the race; the log holds every evaluation once."""
-    for attempt in range(5):
-        out = tmp_path / f'race{attempt}'
-        cmd = ['train.py', f'--dataset={small_data}', f'--out_dir={out}', '--max_iters=2', '--eval_interval=1',
-               *TINY]
-        results = run_together(child(ROOT, *cmd), child(ROOT, *cmd))
-        codes = sorted(code for code, _, _ in results)
-        assert codes[0] == 0 and codes[1] != 0, [r[2][-800:] for r in results]
-        refusal = next(err for code, _, err in results if code != 0)
+    """Five races at once, each two train.py started together into one out_dir of its own: in each exactly one
+    trains (exit 0) and the other refuses in one line, whichever wins; each log holds every evaluation once."""
+    folders = [tmp_path / f'race{attempt}' for attempt in range(5)]
+    children = [child(ROOT, 'train.py', f'--dataset={small_data}', f'--out_dir={out}', '--max_iters=2',
+                      '--eval_interval=1', *TINY) for out in folders for _ in range(2)]
+    results = run_together(*children)
+    for i, out in enumerate(folders):
+        pair = results[2 * i:2 * i + 2]
+        codes = sorted(code for code, _, _ in pair)
+        assert codes[0] == 0 and codes[1] != 0, [r[2][-800:] for r in pair]
+        refusal = next(err for code, _, err in pair if code != 0)
         assert len(refusal.strip().splitlines()) == 1 and 'Traceback' not in refusal, refusal
         steps = [json.loads(line)['step'] for line in (out / 'log.jsonl').read_text().splitlines()[1:]]
         assert steps == [0, 1, 2], steps
