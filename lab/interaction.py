@@ -375,11 +375,15 @@ def course_table(cells):
 
 
 def penalty_reading(cells):
-    """rmsnorm + penalty 0.01 - raw at K = 4, depth 4, seed by seed: how much of the readout's K = 4 gap the
-    penalty closes (a reading: no prediction was written for it)."""
-    seeds, diffs = paired(cells, PENALIZED, K4_RAW, at_k)
-    return (f"rmsnorm + penalty {PENALTY:g} - raw at K = 4, depth 4, at step {STEPS:,}: {interval(diffs)}, seeds "
-            f"{' '.join(map(str, seeds))} (a reading; the penalty's gap to raw, beside the readout's +0.1)")
+    """Readings at K = 4, depth 4 (no prediction was written for them): rmsnorm + penalty 0.01 - raw, how much of
+    the readout's K = 4 gap the penalty closes; and each readout's K = 4 - K = 1, what the loops buy it here."""
+    lines = []
+    for label, a, b in ((f"rmsnorm + penalty {PENALTY:g} - raw at K = 4", PENALIZED, K4_RAW),
+                        ('raw: K = 4 - K = 1', K4_RAW, K1_RAW), ('rmsnorm: K = 4 - K = 1', K4_RMS, K1_RMS)):
+        seeds, diffs = paired(cells, a, b, at_k)
+        lines.append(f"- {label}, each at its depth K, at step {STEPS:,}: {interval(diffs)}, seeds "
+                     f"{' '.join(map(str, seeds))}")
+    return 'Readings (no prediction was written for them):\n\n' + '\n'.join(lines)
 
 
 def course_figure(cells, path):

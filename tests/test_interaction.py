@@ -183,4 +183,7 @@ def test_the_penalty_reading_is_its_gap_to_raw_at_k4(tmp_path):
     (d1 = 0.09 + 0.002 s): the penalty's gap to raw is 0.04 + I_s, seeds 1-3."""
     cells, _ = converge.by_cell(grid(tmp_path))
     text = interaction.penalty_reading(cells)
-    assert f"{0.04 + sum(I_S[s] for s in (1, 2, 3)) / 3:+.3f} [" in text and 'seeds 1 2 3 (a reading' in text
+    assert f"- rmsnorm + penalty 0.01 - raw at K = 4, each at its depth K, at step 3,000: " \
+           f"{0.04 + sum(I_S[s] for s in (1, 2, 3)) / 3:+.3f} [" in text
+    # raw at K = 4 is 2.0 + 0.001 s, at K = 1 2.2 - 0.001 s: K = 4 - K = 1 is -0.2 + 0.002 s over seeds 1-5
+    assert f"- raw: K = 4 - K = 1, each at its depth K, at step 3,000: {-0.2 + 0.002 * 3:+.3f} [" in text
