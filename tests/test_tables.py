@@ -10,7 +10,7 @@ import shlex
 import pytest
 
 from conftest import ROOT
-from lab import atlas, converge, cost, interaction, norm_course, paper, verdicts
+from lab import atlas, converge, cost, interaction, norm_course, one_pass, paper, testbed, verdicts
 
 DOCS = os.path.join(ROOT, 'docs', 'results.md')
 SECTION = '## Every committed table and its logs'
@@ -28,12 +28,16 @@ REBUILT = {
 }
 # the interaction's table, once its runs are committed and it is written: read from the convergence grid's
 # committed runs and its own (the default folders), so its command names none
-INTERACTION = ('figures/interaction', "python -m lab.interaction --fig_dir=figures/interaction")
-if os.path.exists(os.path.join(ROOT, INTERACTION[0], 'table.md')):
-    REBUILT[INTERACTION[0]] = INTERACTION[1]
+# the same for the one-pass grid (its own runs beside the committed tied K = 1 runs) and the testbed (its runs'
+# logs and answers.json)
+for folder, command in (('figures/interaction', "python -m lab.interaction --fig_dir=figures/interaction"),
+                        ('figures/one_pass', "python -m lab.one_pass --fig_dir=figures/one_pass"),
+                        ('figures/testbed', "python -m lab.testbed --fig_dir=figures/testbed")):
+    if os.path.exists(os.path.join(ROOT, folder, 'table.md')):
+        REBUILT[folder] = command
 TOOLS = {'lab.atlas': atlas.main, 'lab.norm_course': norm_course.main, 'lab.paper': paper.main,
          'lab.verdicts': verdicts.main, 'lab.cost': cost.main, 'lab.converge': converge.main,
-         'lab.interaction': interaction.main}
+         'lab.interaction': interaction.main, 'lab.one_pass': one_pass.main, 'lab.testbed': testbed.main}
 # the tables no committed log backs: their runs' folders (out/) or checkpoints were never committed; the docs'
 # section gives each one's reason and the command that trains its runs again
 LOGLESS = [
@@ -102,20 +106,6 @@ def test_every_table_under_figures_is_rebuilt_from_its_committed_logs(folder, sh
         assert all(cell.strip() for cell in rows[0].strip('|').split('|')), rows[0]
     assert all(os.path.exists(os.path.join(ROOT, p)) for p in LOGLESS if os.path.dirname(p) == folder), \
         f"a table listed in LOGLESS under {folder} is gone: drop it from the list"
-
-
-def test_the_interaction_table_is_what_its_command_writes_from_the_committed_logs(tmp_path, monkeypatch):
-    """figures/interaction/table.md, where it is committed, is lab.interaction's output on the committed logs of
-    the convergence grid and its own, byte for byte (a seed added or a log changed after the table was written
-    fails)."""
-    folder, command = INTERACTION
-    path = os.path.join(ROOT, folder, 'table.md')
-    if not os.path.exists(path):
-        pytest.skip(f"{folder}/table.md is not written yet: its runs are still training")
-    monkeypatch.chdir(ROOT)
-    interaction.main([*shlex.split(command)[3:], f'--fig_dir={tmp_path}'])
-    with open(path, 'rb') as f:
-        assert (tmp_path / 'table.md').read_bytes() == f.read(), f"{folder}/table.md is not what {command} writes"
 
 
 def test_every_committed_log_reads_back_with_every_flag_train_py_has_today():
