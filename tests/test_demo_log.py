@@ -1,7 +1,7 @@
 """The README demo's log, evaluation for evaluation: the default run (python train.py --readout=rmsnorm
---norm_penalty=0), cut to 20 steps and one evaluation batch so that it fits the suite, gives every logged number of the log that
-tests/data/demo_log.json keeps from train.py before the handout's rework (the validation loss and ||h_k|| at
-every depth, the training loss, the turn at every loop). One thread, so that sums run in one order."""
+--norm_penalty=0), cut to 20 steps and one evaluation batch so that it fits the suite, gives every logged number
+of the log that tests/data/demo_log.json keeps from train.py before the handout's rework (the validation loss
+and ||h_k|| at every depth, the training loss, the turn at every loop). One thread: sums run in one order."""
 
 import json
 import os
