@@ -1,5 +1,4 @@
-"""
-A looped (depth-recurrent) transformer language model, in one file.
+"""A looped (depth-recurrent) transformer language model, in one file.
 
 One shared stack of pre-norm layers is applied n_loop = K times: h_0 = e, the embedding; pass 1
 runs on e itself, h_1 = stack(e), and every later pass on what the previous one carries over,
@@ -20,9 +19,8 @@ the residual loop keeps carrying, and growing, that scale. The fields that expos
     supervision   per_loop | terminal   the mean of the K cross-entropies, or the last one alone
     norm_penalty  lambda                adds lambda * mean_k mean(h_k^2)
 
-The rest is the shape (vocab_size, block_size, n_embd, n_head, n_layer, n_loop, dropout) and two
-choices that leave the idea alone (tie_weights, norm_eps). LoopedGPT.loops is where the loop runs;
-lab/designs.py overrides the methods whose docstrings say "A seam", lab/engine.py adds a KV cache.
+The rest: the shape (vocab_size, block_size, n_embd, n_head, n_layer, n_loop, dropout), tie_weights,
+norm_eps. LoopedGPT.loops runs the loop; lab/designs.py overrides the "seam" methods.
 """
 
 import math
@@ -32,6 +30,11 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
+
+
+class ConfigError(ValueError):  # a value the config's checks refuse: train.py prints it in one line
+    pass
+
 
 # The allowed values of every text field; the first is the default.
 CHOICES = {
@@ -61,7 +64,7 @@ class LoopedConfig:
     def __post_init__(self):
         for name, ok, why in self.checks():  # the first failure, in one line
             if not ok:
-                raise ValueError(f"{name}={getattr(self, name)!r} {why}")
+                raise ConfigError(f"{name}={getattr(self, name)!r} {why}")
 
     def checks(self, choices=CHOICES):
         """(field, whether its value is valid, why not) for every check. A seam: lab/designs.py
@@ -156,9 +159,9 @@ class Block(nn.Module):
 
 
 class AlphaNorm(nn.Module):
-    """The alpha readout, between scale-invariant and raw. Per token h = s * u, s = RMS(h),
-    u = h / s; the output is s_ref^(1 - alpha) * s^alpha * u: alpha = 1 gives h, 0 gives s_ref * u.
-    alpha = sigmoid(logit) is learned from 0.5 unless fixed; log s_ref is learned too."""
+    """The alpha readout: per token h = s * u, s = RMS(h), out = s_ref^(1 - alpha) * s^alpha * u
+    (alpha = 1: h, raw; 0: s_ref * u, scale-invariant); alpha = sigmoid(logit), learned from 0.5
+    unless fixed, and log s_ref learned."""
 
     def __init__(self, config):
         super().__init__()
@@ -261,9 +264,8 @@ class LoopedGPT(nn.Module):
 
     def head_loss(self, x, targets=None, reduction='mean'):
         """The LM head on x = exit_input(h_k, k) (B, T, C): the one place a state becomes logits
-        (B, T, V), which training, evaluation and generate all call. With targets (B, T), also
-        their cross-entropy in float32 (else None). Compiled (--compile), the float32 copy is
-        fused into the loss and never stored; uncompiled, it is a temporary."""
+        (B, T, V), for training, evaluation and generate; with targets (B, T) also their float32
+        cross-entropy (compiled, the float32 copy is fused away; uncompiled, a temporary)."""
         logits = self.lm_head(x)                                      # (B, T, V)
         if targets is None:
             return logits, None
@@ -298,9 +300,8 @@ class LoopedGPT(nn.Module):
 
     def forward(self, idx, targets=None, n_loop=None):
         """idx, targets (B, T) token ids; n_loop defaults to the trained K and may exceed it.
-        Returns (logits of the last loop, (B, T, V), or (B, 1, V) without targets; the training
-        loss or None; stats: 'hidden_norm' (n_loop,), the mean ||h_k|| over tokens, and 'ce'
-        (n_loop,), each loop's cross-entropy or None)."""
+        Returns (the last loop's logits, (B, T, V) or (B, 1, V) without targets; the training loss
+        or None; stats: 'hidden_norm' (n_loop,), mean ||h_k|| over tokens, 'ce' (n_loop,)/None)."""
         T, K = idx.size(1), n_loop or self.config.n_loop              # K: the depth run here
         if T > self.config.block_size:
             raise ValueError(f"sequence of length {T} is longer than "
@@ -363,10 +364,9 @@ class LoopedGPT(nn.Module):
         return idx, (torch.stack(depths, 1) if depths else idx.new_zeros(idx.size(0), 0))
 
     def exit_early(self, idx, n_loop, rule, t):
-        """The next token's log-probabilities (B, V) from idx (B, T), each row's from the first loop
-        whose rule passes at threshold t (the last loop always does), and that loop (B,). Rules:
-        top probability >= t (confidence), KL(p_k || p_k-1) <= t (kl), the last position's
-        relative change ||z_k - z_k-1|| / ||z_k-1|| <= t (latent)."""
+        """Log-probabilities (B, V) of the next token after idx (B, T), each row's from the first
+        loop whose rule passes at t (the last always does), and that loop (B,): top probability
+        >= t (confidence), KL(p_k || p_k-1) <= t (kl), ||z_k - z_k-1|| / ||z_k-1|| <= t (latent)."""
         e = self.embed(idx)                                           # h_0: (B, T, C)
         depth = torch.zeros_like(idx[:, 0])                           # (B,): 0 until a row exits
         logp, logp_prev, z_prev = None, None, e[:, -1].float()

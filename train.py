@@ -31,7 +31,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from data.batches import Data, resolve_schedule
 from data.common import InputError, check_same_data
-from looped import CHOICES, LoopedConfig, LoopedGPT
+from looped import CHOICES, ConfigError, LoopedConfig, LoopedGPT
 from plumbing.run import (CONFIGS, Interrupts, Parser, Progress, agree, auto_or_boolean, bad_flag,
                           check_finite, check_folder, check_replicas, compile_regions,
                           end_processes, fmt_time, given_flags, kept, lock_folder, log_record,
@@ -123,7 +123,7 @@ def model_config(args, vocab_size=65):
     values['tie_weights'] = args.tie_weights is not False  # unset: tied, as the authors'
     try:  # LoopedConfig's own checks, of values the user typed
         return LoopedGPT, LoopedConfig(vocab_size=vocab_size, **values)
-    except ValueError as e:
+    except ConfigError as e:
         raise InputError(str(e)) from None
 
 

@@ -15,6 +15,7 @@ same log and checkpoint, bit for bit.
 from dataclasses import fields
 
 import train
+from looped import ConfigError
 from data.common import InputError
 from lab.designs import CHOICES, DesignConfig, DesignedGPT, add_design_flags, designs_asked
 from lab.report import design_line, design_values
@@ -43,7 +44,7 @@ def model_config(args, vocab_size=65):
         values['tie_weights'] = args.init != 'gpt2'
     try:  # DesignConfig's own checks, of values the user typed
         return DesignedGPT, DesignConfig(vocab_size=vocab_size, **values)
-    except ValueError as e:
+    except ConfigError as e:
         raise InputError(str(e)) from None
 
 
