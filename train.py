@@ -30,13 +30,12 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from data.batches import Data, resolve_schedule
-from data.common import InputError, check_same_data
+from data.common import InputError
 from looped import CHOICES, ConfigError, LoopedConfig, LoopedGPT
-from plumbing.run import (CONFIGS, Interrupts, Parser, Progress, agree, auto_or_boolean, bad_flag,
-                          check_finite, check_folder, check_replicas, compile_regions,
-                          end_processes, fmt_time, given_flags, kept, lock_folder, log_record,
-                          resolve_device, restore, resume_args, run_name, save_checkpoint,
-                          start_log, start_processes)
+from plumbing.run import (Interrupts, Parser, Progress, agree, check_finite, check_folder,
+                          check_replicas, compile_regions, end_processes, fmt_time, kept,
+                          log_record, open_log, resolve_device, restore, resume_args,
+                          save_checkpoint, start_processes)
 
 # ---- flags: the paper's model, training, evaluation, the system (presets: plumbing/run.py)
 
@@ -46,9 +45,8 @@ def fail(message):  # one line on stderr and exit status 1, as the parser's erro
 
 
 def get_parser(prog='train.py'):
-    p = Parser(CONFIGS, prog=prog, description='Train a looped transformer LM.')
+    p = Parser(prog=prog, description='Train a looped transformer LM.')  # --config is its own
     add, flag = p.add_argument, p.flag
-    add('--config', default='laptop', choices=CONFIGS, help='its values replace the defaults')
     # the model: looped.py's LoopedConfig, its defaults the laptop run's (2 layers x 128, K = 4)
     add('--block_size', type=int, default=128, help='context length T')
     add('--n_embd', type=int, default=128, help='width d of the residual stream')
@@ -92,29 +90,9 @@ def get_parser(prog='train.py'):
     add('--device', default='auto', help='auto, cpu, cuda, cuda:N or mps')
     add('--dtype', default='auto', choices=['auto', 'float32', 'bfloat16', 'float16'],
         help='auto: bf16 on a GPU that has it, else float16 (GradScaler); float32 on a CPU')
-    flag('--compile', 'auto', 'auto: on for CUDA only', auto_or_boolean)
+    flag('--compile', 'auto', 'auto: on for CUDA only')
     add('--seed', type=int, default=1337, help='initialization, dropout and batch order')
     return p
-
-
-def parse_args(argv=None, parser=None, out_dir_of=None):
-    argv = sys.argv[1:] if argv is None else argv
-    parser, given = parser or get_parser(), given_flags(argv)
-    args = parser.parse_args(argv)
-    for key, value in CONFIGS[args.config].items():  # a named config's values, unless typed
-        if key not in given:
-            setattr(args, key, value)
-    if 'max_iters' in given and 'epochs' in given:
-        parser.error("give --max_iters or --epochs, not both")
-    if 'max_iters' in given:  # a config's epochs give way to a typed --max_iters
-        args.epochs = None
-    if args.resume and args.overwrite:
-        parser.error("--resume continues a run and --overwrite replaces it: give one of them")
-    if bad_flag(args):
-        parser.error(bad_flag(args))
-    # the default run folder: out_dir_of(args) (the lab's names), else plumbing's run_name
-    args.out_dir = args.out_dir or (out_dir_of or (lambda a: run_name(a, LoopedConfig())))(args)
-    return args
 
 
 def model_config(args, vocab_size=65):
@@ -260,8 +238,6 @@ def setup(args, given, hooks):
     # --resume: args take the checkpoint's model, data, seed and schedule (a clash is refused)
     ckpt = resume_args(args, given, device, fields(hooks.Config)) if args.resume else None
     data = Data(args.dataset, args.block_size, args.batch_size, device, args.seed + rank)
-    if ckpt is not None:  # a resumed run continues on the data it was trained on: checked
-        check_same_data(ckpt, data.meta, data.identity, os.path.join(args.out_dir, 'ckpt.pt'))
     Model, config = hooks.model_config(args, data.meta['vocab_size'])
     # sets args.max_iters under --epochs, and lr_decay_iters and min_lr under --decay_lr
     resolve_schedule(args, len(data.splits['train']), config.block_size,
@@ -272,8 +248,8 @@ def setup(args, given, hooks):
     kind = device.split(':')[0]  # 'cuda', 'cpu' or 'mps': the fused AdamW and the scaler ask
     optimizer = raw_model.configure_optimizers(args.weight_decay, args.learning_rate, kind)
     scaler = torch.amp.GradScaler(kind, enabled=dtype == 'float16')
-    if ckpt is not None:
-        restore(ckpt, raw_model, optimizer, scaler, data.gen, device)
+    if ckpt is not None:  # only if it was trained on these data (checked first)
+        restore(ckpt, raw_model, optimizer, scaler, data, device)
         if rank > 0:  # only rank 0's batch order is saved; the others draw a fresh one
             data.gen.manual_seed(args.seed + rank + 1000003 * ckpt['step'])
     model = raw_model
@@ -300,16 +276,9 @@ def begin_log(run, say):
         dist.barrier()
     if run.rank > 0:
         return None, run.ckpt and run.ckpt.get('run_id')
-    try:
-        os.makedirs(args.out_dir, exist_ok=True)
-    except OSError as e:
-        raise InputError(f"cannot write to {args.out_dir} ({e.strerror}); nothing was trained") \
-            from None
-    lock = lock_folder(args.out_dir)
-    check_folder(args.out_dir, args.resume, args.overwrite)
     header = {'config': {**vars(args), 'model': c.to_dict(), 'num_params': n_params},
               'data': run.data.identity}
-    return lock, start_log(args.out_dir, args.overwrite, run.ckpt, header)
+    return open_log(args.out_dir, args.resume, args.overwrite, run.ckpt, header)
 
 
 def save(run, step, best_val_loss, last_eval_step, record, run_id):
@@ -329,10 +298,11 @@ def main(argv=None, parser=None, hooks=Hooks(), out_dir_of=None):
     """One run: python train.py's; lab/train.py passes its parser, hooks and run folders' names. A
     check of what the user gave (InputError) prints one line; anything else is a bug: its traceback
     shows."""
-    args = parse_args(argv, parser, out_dir_of)
+    # the flags (--config's values under those typed, each checked) and the set of those typed
+    args, given = (parser or get_parser()).parse(argv, out_dir_of)
     lock, ok = None, False
     try:
-        run = setup(args, given_flags(argv), hooks)
+        run = setup(args, given, hooks)
         lock, run_id = begin_log(run, print if run.rank == 0 else lambda *a, **k: None)
         train(run, hooks, run_id)
         ok = True

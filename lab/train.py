@@ -75,9 +75,9 @@ class Designs(train.Hooks):
 
 
 def parse_args(argv=None):
-    """train.py's parse_args with this command's parser and run names (the lab's tools read a
-    design's flags so)."""
-    return train.parse_args(argv, get_parser(), out_dir_of=lambda args: run_name(args.config, vars(args)))
+    """The flags as train.py reads them, with this command's parser and run names (the lab's tools
+    read a design's flags so)."""
+    return get_parser().parse(argv, out_dir_of=lambda args: run_name(args.config, vars(args)))[0]
 
 
 def main(argv=None):

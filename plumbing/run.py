@@ -26,7 +26,7 @@ from contextlib import nullcontext
 import torch
 import torch.distributed as dist
 
-from data.common import InputError, write_atomically
+from data.common import InputError, check_same_data, write_atomically
 
 # ---- the presets
 
@@ -89,13 +89,16 @@ class Help(argparse.ArgumentDefaultsHelpFormatter):  # each default, but an unse
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse's, with every error in one line and a nanoGPT habit answered. configs: the names
-    --config takes, offered to whoever passes a config file."""
-    def __init__(self, configs=(), **kwargs):
+    """argparse's, with every error in one line, a nanoGPT habit answered, and parse(): the
+    presets of --config (which the parser adds first), the training flags' checks and the run's
+    default folder."""
+    def __init__(self, **kwargs):
         super().__init__(allow_abbrev=False, formatter_class=Help, **kwargs)
-        self.configs = configs
+        self.add_argument('--config', default='laptop', choices=CONFIGS,
+                          help='its values replace the defaults')
 
-    def flag(self, name, default, help, type=boolean):  # --x alone means True
+    def flag(self, name, default, help):  # --x alone means True; a default of 'auto' allows auto
+        type = auto_or_boolean if default == 'auto' else boolean
         self.add_argument(name, type=type, nargs='?', const=True, default=default, help=help)
 
     def error(self, message):
@@ -110,13 +113,32 @@ class Parser(argparse.ArgumentParser):
             name = arg[2:].split('=', 1)[0]
             if arg.endswith('.py') and not arg.startswith('-'):
                 self.error(f"{arg}: config files are not read here; use --config=NAME "
-                           f"(one of {', '.join(self.configs)}) and flags")
+                           f"(one of {', '.join(CONFIGS)}) and flags")
             if arg.startswith('--') and name in HABITS:
                 self.error(f"--{name} is nanoGPT's; {HABITS[name]}")
         args, unknown = super().parse_known_args(args, namespace)
         if unknown:  # a design's flag, most likely: those are the lab's
             self.error(f"unrecognized arguments: {' '.join(unknown)} (designs train with {LAB})")
         return args
+
+    def parse(self, argv, out_dir_of=None):
+        """(args, the flags typed): --config's values under the typed ones, every training flag
+        checked, and out_dir named (out_dir_of(args), else run_name's) unless typed."""
+        given = given_flags(argv)
+        args = self.parse_args(argv)
+        for key, value in CONFIGS[args.config].items():  # a named config's values, unless typed
+            if key not in given:
+                setattr(args, key, value)
+        if 'max_iters' in given and 'epochs' in given:
+            self.error("give --max_iters or --epochs, not both")
+        if 'max_iters' in given:  # a config's epochs give way to a typed --max_iters
+            args.epochs = None
+        if args.resume and args.overwrite:
+            self.error("--resume continues a run and --overwrite replaces it: give one of them")
+        if bad_flag(args):
+            self.error(bad_flag(args))
+        args.out_dir = args.out_dir or (out_dir_of or (lambda a: run_name(a, self)))(args)
+        return args, given
 
 
 def given_flags(argv=None):
@@ -146,13 +168,13 @@ def bad_flag(a):
     return next((f"--{n}={getattr(a, n)} must be {want}" for n, ok, want in checks if not ok), None)
 
 
-def run_name(args, defaults):
-    """out/<config>, then each variant flag off its default (defaults: the model's config), as
+def run_name(args, parser):
+    """out/<config>, then each variant flag off its default (the parser's), as
     out/laptop-readout_raw-pen0.01."""
     parts = [args.config]
     for name in ('supervision', 'readout', 'alpha', 'norm_penalty', 'recurrence'):
         value, tag = getattr(args, name), {'alpha': 'alpha', 'norm_penalty': 'pen'}.get(name)
-        if value != getattr(defaults, name):
+        if value != parser.get_default(name):
             parts.append(f"{tag}{value:g}" if tag else f"{name}_{value}")
     return os.path.join('out', '-'.join(parts))
 
@@ -407,9 +429,11 @@ def load_weights(model, state, path):
     model.load_state_dict(state)
 
 
-def restore(ckpt, model, optimizer, scaler, gen, device):
-    """Weights, optimizer, scaler and random states from a checkpoint (where training stood, the
-    step and the last record, is the checkpoint's to read)."""
+def restore(ckpt, model, optimizer, scaler, data, device):
+    """Weights, optimizer, scaler and random states from a checkpoint, once its data are found to
+    be the run's (where training stood, the step and the last record, is the checkpoint's to
+    read)."""
+    check_same_data(ckpt, data.meta, data.identity, 'the checkpoint being resumed')
     load_weights(model, ckpt['model'], 'the checkpoint being resumed')
     if list(ckpt['model']) != list(model.state_dict()):  # the optimizer state goes by order
         raise InputError("the checkpoint's parameters are in another order than this model's, "
@@ -418,7 +442,7 @@ def restore(ckpt, model, optimizer, scaler, gen, device):
     if ckpt.get('scaler') and scaler.is_enabled():
         scaler.load_state_dict(ckpt['scaler'])
     torch.set_rng_state(ckpt['rng']['torch'].cpu())
-    gen.set_state(ckpt['rng']['batches'].cpu())
+    data.gen.set_state(ckpt['rng']['batches'].cpu())
     if ckpt['rng']['cuda'] is not None and device.startswith('cuda'):
         torch.cuda.set_rng_state_all([s.cpu() for s in ckpt['rng']['cuda']])
 
@@ -437,6 +461,20 @@ def check_finite(losses, step, out_dir):
             raise InputError(f"training loss is {v} at step {step - len(values) + 1 + i}; "
                              f"stopping, {kept(out_dir)} (try a lower --learning_rate)")
     losses.clear()
+
+
+def open_log(out_dir, resume, overwrite, ckpt, header):
+    """Locks out_dir for the run's life (a second run into it is refused here), checks it again
+    (a run may have ended there meanwhile) and begins or reconciles its log: (the lock, the
+    run's id)."""
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as e:
+        raise InputError(f"cannot write to {out_dir} ({e.strerror}); nothing was trained") \
+            from None
+    lock = lock_folder(out_dir)
+    check_folder(out_dir, resume, overwrite)
+    return lock, start_log(out_dir, overwrite, ckpt, header)
 
 
 def start_log(out_dir, overwrite, ckpt, header):

@@ -111,7 +111,7 @@ def test_the_full_student_copy_imports_and_fails_every_grader(tmp_path):
     # every script imports, and train.py's parser builds (one process: each start costs seconds of torch import)
     code, out = run([sys.executable, '-c', "import looped, train, sample, plot_norms; "
                      "from lab import diagnose, bench, engine; "
-                     "train.parse_args(['--help'])"], tmp_path)
+                     "train.get_parser().parse_args(['--help'])"], tmp_path)
     assert code == 0 and '--readout' in out, out
     # --tb=line: formatting 77 full tracebacks was half of this test's time; test_autograder reads each failure
     code, out = run([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', '--tb=line', 'assignments'],

@@ -76,9 +76,9 @@ def test_sample_py_knows_the_designs_defaults_it_names():
 def test_the_wikitext_prepare_script_counts_train_pys_paper_shapes():
     import train
     from data.wikitext103 import prepare
-    from train import CONFIGS
+    from plumbing.run import CONFIGS
     for name, shape in prepare.PAPER_SHAPES.items():
-        args = train.parse_args([f'--config={name}'])  # the config's values over train.py's defaults
+        args = train.get_parser().parse([f'--config={name}'])[0]  # the config's values over train.py's defaults
         assert shape == {k: getattr(args, k) for k in shape}, name
     assert set(prepare.PAPER_SHAPES) == {name for name in CONFIGS if name.startswith('paper_')}
 

@@ -297,23 +297,23 @@ def test_every_boolean_flag_accepts_the_bare_form():
     booleans = [a.dest for a in parser._actions if a.type in (data_flags.boolean, data_flags.auto_or_boolean)]
     assert {'resume', 'overwrite', 'compile', 'tie_weights', 'decay_lr'} <= set(booleans)
     for name in booleans:
-        assert getattr(train.parse_args([f'--{name}']), name) is True, name
-        assert getattr(train.parse_args([f'--{name}=False']), name) is False, name
+        assert getattr(train.get_parser().parse([f'--{name}'])[0], name) is True, name
+        assert getattr(train.get_parser().parse([f'--{name}=False'])[0], name) is False, name
 
 
 def test_the_compile_flags_error_names_auto():
     with pytest.raises(SystemExit) as e:
-        train.parse_args(['--compile=maybe'])
+        train.get_parser().parse(['--compile=maybe'])[0]
     assert 'expected auto or True/False' in str(e.value.code)
 
 
 def test_no_help_ends_in_default_none_and_each_unset_default_is_explained(capsys):
     with pytest.raises(SystemExit):
-        train.parse_args(['--help'])
+        train.get_parser().parse(['--help'])[0]
     text = capsys.readouterr().out
     assert '(default: None)' not in text
     parser = train.get_parser()
-    parser.set_defaults(**train.CONFIGS['laptop'])
+    parser.set_defaults(**data_flags.CONFIGS['laptop'])
     for action in parser._actions:
         if action.default is None and action.option_strings and action.dest != 'help':
             assert re.search(r'unset|default', action.help), f"--{action.dest}'s help does not say what unset means"

@@ -148,7 +148,7 @@ def test_plot_norms_stands_alone_and_names_the_paper_grid_as_the_lab_does():
     imported += [node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
     assert imported and not [m for m in imported if m == 'lab' or m.startswith('lab.')], imported
     for name, flags in plot_norms.CONDITIONS.items():
-        model = train.model_config(train.parse_args(flags))[1].to_dict()
+        model = train.model_config(train.get_parser().parse(flags)[0])[1].to_dict()
         assert plot_norms.condition_name(model) == grid.condition_name(model) == name
     assert grid.GRIDS['paper'] is plot_norms.CONDITIONS and grid.GRID_FLAGS is plot_norms.GRID_FLAGS
 

@@ -13,11 +13,11 @@ from plumbing import logs, run
 
 
 def test_tie_weights_false_typed_unties_the_head():
-    args = train.parse_args(['--tie_weights=False', '--out_dir=unused'])
+    args = train.get_parser().parse(['--tie_weights=False', '--out_dir=unused'])[0]
     Model, config = train.model_config(args)
     model = Model(config)
     assert config.tie_weights is False and model.lm_head.weight is not model.wte.weight
-    Model, config = train.model_config(train.parse_args(['--out_dir=unused']))  # unset: tied
+    Model, config = train.model_config(train.get_parser().parse(['--out_dir=unused'])[0])  # unset: tied
     model = Model(config)
     assert config.tie_weights is True and model.lm_head.weight is model.wte.weight
 
@@ -25,7 +25,7 @@ def test_tie_weights_false_typed_unties_the_head():
 @pytest.mark.parametrize('seed', ['-1', str(2 ** 63)])
 def test_a_seed_outside_its_range_is_one_line(seed, capsys):
     with pytest.raises(SystemExit) as e:
-        train.parse_args([f'--seed={seed}'])
+        train.get_parser().parse([f'--seed={seed}'])[0]
     assert '--seed=' in str(e.value.code) and 'between 0 and 2**63 - 1' in str(e.value.code)
 
 
@@ -33,12 +33,12 @@ def test_a_seed_outside_its_range_is_one_line(seed, capsys):
                                          ('yes', True), ('1', True), ('True', True)])
 def test_the_boolean_flag_reads_each_spelling(text, value):
     assert run.boolean(text) is value
-    assert train.parse_args([f'--decay_lr={text}', '--out_dir=unused']).decay_lr is value
+    assert train.get_parser().parse([f'--decay_lr={text}', '--out_dir=unused'])[0].decay_lr is value
 
 
 def test_the_run_name_keeps_every_variant_flag():
-    args = train.parse_args(['--readout=raw', '--norm_penalty=0.01', '--recurrence=normed',
-                             '--supervision=terminal'])
+    args = train.get_parser().parse(['--readout=raw', '--norm_penalty=0.01', '--recurrence=normed',
+                             '--supervision=terminal'])[0]
     assert args.out_dir == 'out/laptop-supervision_terminal-readout_raw-pen0.01-recurrence_normed'
 
 

@@ -21,6 +21,7 @@ from lab import matched_depth
 from lab import norm_course
 from lab import converge
 import plot_norms
+from plumbing.run import CONFIGS
 import sample
 import train
 from lab import configs
@@ -344,7 +345,7 @@ def test_every_readme_command_parses():
         elif script.startswith('-m '):  # a lab tool (python -m lab.atlas) or a data/<name>/prepare.py
             importlib.import_module(script[3:]).get_parser().parse_args(argv)
         elif script == 'train':
-            train.parse_args(argv)
+            train.get_parser().parse(argv)[0]
         elif '/' in script:  # a script in a folder (assignments/..., tests/faults, tests/mutations): load it by path
             spec = importlib.util.spec_from_file_location(script.replace('/', '_'), os.path.join(ROOT, script + '.py'))
             module = importlib.util.module_from_spec(spec)
@@ -386,7 +387,7 @@ def test_readme_flags_exist_and_the_concept_table_matches_the_defaults():
     table = re.findall(r'^\| `(--\w+)` \| `([^`]*)` \|', readme(), flags=re.M)
     assert len(table) >= 5, table
     parser = importlib.import_module('lab.train').get_parser()  # the paper's flags and the designs'
-    parser.set_defaults(**train.CONFIGS['laptop'])
+    parser.set_defaults(**CONFIGS['laptop'])
     for flag, default in table:
         assert str(parser.get_default(flag[2:])) == default, (flag, default, parser.get_default(flag[2:]))
 

@@ -248,7 +248,7 @@ def test_a_bad_dataset_is_one_line_and_leaves_no_run_behind(small_data, tmp_path
     (['--resume', '--overwrite'], 'give one of them')])
 def test_train_flags_that_would_change_what_is_trained_are_refused(flags, message):
     with pytest.raises(SystemExit) as e:
-        train.parse_args(flags)
+        train.get_parser().parse(flags)[0]
     assert message in one_line(e)
 
 

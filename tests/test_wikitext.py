@@ -110,4 +110,4 @@ def test_paper_config_prints_its_step_count(word_data, tmp_path, capsys):
     with open(tmp_path / 'log.jsonl') as f:
         assert [json.loads(line) for line in f][-1]['step'] == steps
     with pytest.raises(SystemExit, match='not both'):
-        train.parse_args(['--config=paper_44m', '--epochs=1', '--max_iters=5'])
+        train.get_parser().parse(['--config=paper_44m', '--epochs=1', '--max_iters=5'])[0]
