@@ -86,15 +86,15 @@ def test_the_reading_cost_counts_lines_and_distinct_names_but_not_keywords_or_st
     assert reading_cost("x = y + x\n\n# a comment\nif x:\n    z = 'w v'\n") == 10 * 4 + 5 * 3
 
 
-def test_looped_py_and_train_py_read_within_1_25x_nanogpts_model_py_and_train_py():
+def test_looped_py_and_train_py_read_within_1_2x_nanogpts_model_py_and_train_py():
     """nanoGPT's model.py and train.py cost 7,995 s by the same estimate (look-ups in other files left out);
-    1.25x of it is 9,994 s. (It was 1.15x until generate took the exit rules from sample.py, +40 lines, and the
+    1.2x of it is 9,594 s. (It was 1.15x until generate took the exit rules from sample.py, +40 lines, and the
     loop's inputs got a declared Run; the look-ups, which this leaves out, cost more: docs/usage.md.)"""
     total = 0
     for name in ('looped.py', 'train.py'):
         with open(os.path.join(ROOT, name)) as f:
             total += reading_cost(f.read())
-    assert total <= 9994, f"looped.py + train.py: {total} s to read, over 9,994"
+    assert total <= 9594, f"looped.py + train.py: {total} s to read, over 9,594"
 
 
 def scratch_copy(tmp_path):
