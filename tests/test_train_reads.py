@@ -132,6 +132,10 @@ def test_an_edit_to_looped_py_reaches_the_default_run_and_a_design_run_still_tra
     after = run_train(repo, small_data)
     assert after.returncode == 0, after.stderr
     assert parameter_count(after.stdout) == parameter_count(before.stdout) + 7
+    # sample.py rebuilds the edited model from that run's checkpoint and generates with it
+    sampled = subprocess.run([sys.executable, 'sample.py', '--out_dir=out/x', '--max_new_tokens=5'], cwd=repo,
+                             capture_output=True, text=True, timeout=300)
+    assert sampled.returncode == 0 and 'mean loops per token' in sampled.stdout, sampled.stderr[-1500:]
     # a student's configure_optimizers is the one the run calls
     edit(looped, "        params = [p for p in self.parameters() if p.requires_grad]\n        return torch.optim",
          "        raise RuntimeError('a student was here')\n        return torch.optim")
