@@ -264,8 +264,8 @@ class LoopedGPT(nn.Module):
 
     def head_loss(self, x, targets=None, reduction='mean'):
         """The LM head on x = exit_input(h_k, k) (B, T, C): the one place a state becomes logits
-        (B, T, V), for training, evaluation and generate; with targets (B, T) also their float32
-        cross-entropy (compiled, the float32 copy is fused away; uncompiled, a temporary)."""
+        (B, T, V) for training, evaluation and generate; with targets (B, T), their float32
+        cross-entropy too (--compile puts a compiled copy on the model: no float32 logits kept)."""
         logits = self.lm_head(x)                                      # (B, T, V)
         if targets is None:
             return logits, None

@@ -29,7 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from data.batches import Data, resolve_schedule
+from data.batches import Data, steps_from_epochs
 from data.common import InputError
 from looped import CHOICES, ConfigError, LoopedConfig, LoopedGPT
 from plumbing.run import (Interrupts, Parser, Progress, agree, check_finite, check_folder,
@@ -119,6 +119,23 @@ def get_lr(args, step):
     return args.min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (lr - args.min_lr)
 
 
+def resolve_schedule(args, n_tokens, T, global_batch, say):
+    """Writes into args the steps that --epochs asks for (and says how epochs became steps, for
+    n_tokens training tokens in windows of T) and --decay_lr's defaults (nanoGPT's: over the whole
+    run, to a tenth of the rate). InputError for a decay that would end before the warmup does."""
+    if args.epochs is not None:
+        args.max_iters, windows = steps_from_epochs(args.epochs, n_tokens, T, global_batch)
+        say(f"{args.epochs:g} epochs x {windows:,} windows ({n_tokens:,} tokens in windows of {T} "
+            f"at stride {T // 2}) / {global_batch} per step = {args.max_iters:,} steps")
+    if args.decay_lr:
+        args.lr_decay_iters = args.lr_decay_iters or args.max_iters
+        args.min_lr = args.learning_rate / 10 if args.min_lr is None else args.min_lr
+        if args.lr_decay_iters <= args.warmup_iters:
+            raise InputError(f"--lr_decay_iters={args.lr_decay_iters} must be greater than "
+                             f"--warmup_iters={args.warmup_iters}: the decay starts after the "
+                             "warmup")
+
+
 # ---- evaluation and the printed lines
 
 @torch.no_grad()
@@ -197,9 +214,10 @@ def eval_record(model, step, batches, ctx, hooks, out_dir):
         raise InputError(f"validation loss is {val_loss[bad[0] - 1]} at depth {bad[0]} at step "
                          f"{step}; stopping, {kept(out_dir)}")
     train_loss = evaluate(model, batches['train'], K, ctx)[0][K - 1]
+    x, y = batches['val'][0]  # the first validation batch: the turn, and what a design learned
     return {'step': step, 'train_loss': train_loss, 'val_loss': val_loss,
-            'hidden_norm': val_norm, 'turn': state_turn(model, batches['val'][0][0], 2 * K, ctx),
-            **hooks.values(model, batches['val'][0], ctx)}
+            'hidden_norm': val_norm, 'turn': state_turn(model, x, 2 * K, ctx),
+            **hooks.values(model, (x, y), ctx)}
 
 
 # ---- the run: set up, then the training loop

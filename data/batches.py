@@ -52,20 +52,3 @@ def steps_from_epochs(epochs, n_tokens, block_size, global_batch):
     """(steps, windows per epoch), an epoch being the authors': windows at stride block_size/2"""
     windows = (n_tokens - block_size - 1) // (block_size // 2) + 1
     return math.ceil(epochs * windows / global_batch), windows
-
-
-def resolve_schedule(args, n_tokens, T, global_batch, say):
-    """Writes into args the steps that --epochs asks for (and says how epochs became steps, for
-    n_tokens training tokens in windows of T) and --decay_lr's defaults (nanoGPT's: over the whole
-    run, to a tenth of the rate). InputError for a decay that would end before the warmup does."""
-    if args.epochs is not None:
-        args.max_iters, windows = steps_from_epochs(args.epochs, n_tokens, T, global_batch)
-        say(f"{args.epochs:g} epochs x {windows:,} windows ({n_tokens:,} tokens in windows of {T} "
-            f"at stride {T // 2}) / {global_batch} per step = {args.max_iters:,} steps")
-    if args.decay_lr:
-        args.lr_decay_iters = args.lr_decay_iters or args.max_iters
-        args.min_lr = args.learning_rate / 10 if args.min_lr is None else args.min_lr
-        if args.lr_decay_iters <= args.warmup_iters:
-            raise InputError(f"--lr_decay_iters={args.lr_decay_iters} must be greater than "
-                             f"--warmup_iters={args.warmup_iters}: the decay starts after the "
-                             "warmup")
