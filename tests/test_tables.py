@@ -45,6 +45,7 @@ LOGLESS = [
     'figures/atlas/exit/matched_depth.csv', 'figures/atlas/exit/matched_depth.md',
     'figures/laptop/alpha/table.csv', 'figures/laptop/alpha/table.md',
     'figures/laptop/exit/exit_table.md',
+    'figures/one_pass_layers/layers.md',
     'figures/laptop_10k_more/course.csv', 'figures/laptop_10k_more/course.md',
     'figures/laptop_deep/paired.csv', 'figures/laptop_deep/table.csv', 'figures/laptop_deep/table.md',
     'figures/laptop_long/exit_table.md', 'figures/laptop_long/table.csv', 'figures/laptop_long/table.md',
