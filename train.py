@@ -22,6 +22,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, fields
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -236,6 +237,7 @@ class Run:
     device: str  # 'cpu', 'cuda:0', 'mps'
     rank: int  # this process of world (torchrun); 0 of 1 alone
     world: int
+    say: Callable  # print on rank 0; nothing on the other processes
     micro_steps: int  # forward/backward passes per optimizer step, in this process
     ckpt: dict | None  # the checkpoint a resumed run continues, else None
 
@@ -276,20 +278,20 @@ def setup(args, given, hooks):
     if world > 1:  # gradients averaged in backward; told if a step may leave some without one
         model = DDP(raw_model, device_ids=[torch.device(device)] if kind == 'cuda' else None,
                     find_unused_parameters=hooks.unused_parameters(config))
-    return Run(args, raw_model, model, optimizer, scaler, data, ctx, device, rank, world,
+    return Run(args, raw_model, model, optimizer, scaler, data, ctx, device, rank, world, say,
                micro_steps, ckpt)
 
 
-def begin_log(run, say):
+def begin_log(run):
     """Rank 0 locks out_dir for the run's life (a second run into it is refused here), checks it
     again (one may have ended there meanwhile) and begins or reconciles its log. Returns (the
     lock, or None on other ranks, the run's id)."""
     args, c = run.args, run.raw_model.config
     n_params, B = run.raw_model.num_params(), args.batch_size * run.micro_steps * run.world
-    say(f"{args.out_dir}: {type(run.raw_model).__name__}, {n_params:,} parameters, {c.n_layer} "
-        f"layers x {c.n_loop} loops; global batch {B} = {args.batch_size} x {run.micro_steps} "
-        f"micro-steps x {run.world} processes, {B * c.block_size:,} tokens/step, "
-        f"{run.raw_model.flops_per_token() / 1e6:.1f} MFLOPs/token")
+    run.say(f"{args.out_dir}: {type(run.raw_model).__name__}, {n_params:,} parameters, "
+            f"{c.n_layer} layers x {c.n_loop} loops; global batch {B} = {args.batch_size} x "
+            f"{run.micro_steps} micro-steps x {run.world} processes, {B * c.block_size:,} "
+            f"tokens/step, {run.raw_model.flops_per_token() / 1e6:.1f} MFLOPs/token")
     if run.world > 1:  # every process has read out_dir and its checkpoint before rank 0 writes
         dist.barrier()
     if run.rank > 0:
@@ -321,7 +323,7 @@ def main(argv=None, parser=None, hooks=Hooks(), out_dir_of=None):
     lock, ok = None, False
     try:
         run = setup(args, given, hooks)
-        lock, run_id = begin_log(run, print if run.rank == 0 else lambda *a, **k: None)
+        lock, run_id = begin_log(run)
         train(run, hooks, run_id)
         ok = True
     except InputError as e:
@@ -336,7 +338,7 @@ def train(run, hooks, run_id):
     """The loop: every eval_interval steps evaluate, save, then log; every step a batch through
     forward, backward, clip and AdamW; every log_interval steps a progress line. Ctrl-C saves."""
     args, model, optimizer, scaler, data = run.args, run.model, run.optimizer, run.scaler, run.data
-    say, K = print if run.rank == 0 else (lambda *a, **k: None), run.raw_model.config.n_loop
+    say, K = run.say, run.raw_model.config.n_loop
     step, best_val_loss, last_eval_step, record = 0, float('inf'), -1, None
     if run.ckpt is not None:  # where the resumed run stood
         step, best_val_loss = run.ckpt['step'], run.ckpt['best_val_loss']
