@@ -30,13 +30,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from data.batches import Data, steps_from_epochs
+from data.loader import Data, steps_from_epochs
 from data.common import InputError
 from looped import CHOICES, ConfigError, LoopedConfig, LoopedGPT
-from plumbing.run import (Interrupts, Parser, Progress, agree, check_finite, check_folder,
-                          check_replicas, compile_regions, end_processes, fmt_time, kept,
-                          log_record, open_log, resolve_device, restore, resume_args,
-                          save_checkpoint, start_processes)
+from plumbing.run import (Interrupts, Parser, Progress, check_finite, check_folder, check_replicas,
+                          end_processes, fmt_time, kept, log_record, open_log, resolve_device,
+                          restore, resume_args, save_checkpoint, start_processes, sync_processes)
 
 # ---- flags: the paper's model, training, evaluation, the system (presets: plumbing/run.py)
 
@@ -178,7 +177,7 @@ def eval_line(record, K):
             f"2K {norm[-1]:.1f}")
 
 
-# ---- what python -m lab.train changes (a design's model, depth, DDP note and logged values)
+# ---- what python -m lab.train changes (a design's model, depth, DDP note, compile, logged values)
 
 class Hooks:
     """train.py's own choices; lab/train.py's subclass gives the designs' instead."""
@@ -193,8 +192,10 @@ class Hooks:
     def unused_parameters(self, config):  # may a step leave a parameter without a gradient?
         return config.recurrence == 'normed' and config.n_loop == 1  # inter_norm, never run
 
-    def compile(self, model):
-        compile_regions(model)
+    def compile(self, model):  # each layer, and the head's matmul with its cross-entropy (no
+        for block in model.blocks:  # float32 logits kept); the loop stays Python: any K reuses them
+            block.compile()
+        model.head_loss = torch.compile(model.head_loss)  # an attribute shadows the method
 
     def values(self, model, batch, ctx):  # what the run learned beyond the weights, for the log
         alpha = model.config.readout == 'alpha'  # how much of the scale the readout chose to see
@@ -367,14 +368,14 @@ def train(run, hooks, run_id):
                 if run.rank == 0:
                     log_record(os.path.join(args.out_dir, 'log.jsonl'), record)
                 say(eval_line(record, K) + hooks.eval_extra(record))
-                progress.t_last += time.time() - t_eval  # ms/step and tok/s: training alone
+                progress.leave_out(time.time() - t_eval)  # ms/step and tok/s: training alone
             if step >= args.max_iters:
                 break
             # ---- one optimizer step: micro_steps forward/backward passes, clip, AdamW
             for group in optimizer.param_groups:
                 group['lr'] = get_lr(args, step)
             drawn = hooks.depth(run.raw_model, args.seed, step)  # None: K (a lab design draws)
-            lossf = cef = 0.0
+            step_loss = step_ce = 0.0
             for micro in range(run.micro_steps):
                 x, y = data.train_batch()
                 if run.world > 1:  # all-reduce the gradients after the last micro-step only
@@ -382,20 +383,21 @@ def train(run, hooks, run_id):
                 with run.ctx:
                     _, loss, stats = model(x, y, n_loop=drawn)
                 scaler.scale(loss / run.micro_steps).backward()
-                lossf = lossf + loss.detach() / run.micro_steps
-                cef = cef + stats['ce'][-1] / run.micro_steps  # the last exit's, as the loss
+                step_loss = step_loss + loss.detach() / run.micro_steps
+                step_ce = step_ce + stats['ce'][-1] / run.micro_steps  # the last exit's, as loss
             if args.grad_clip > 0:
                 scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
                 torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
             scale = scaler.get_scale() if scaler.is_enabled() else None
             scaler.step(optimizer)
-            scaler.update()  # a lower scale after it: float16 overflowed and the step was skipped
+            scaler.update()  # a lower scale after it: the step was skipped
             optimizer.zero_grad(set_to_none=True)
             step += 1
             # ---- the bookkeeping: processes agree, divergence stops, progress, Ctrl-C saves
-            lossf, cef, stop = agree(run.world, lossf, cef, bool(interrupts.received))
-            losses.append(lossf)  # a non-finite loss is a divergence, always
-            progress.count(lossf, cef, skipped=scale is not None and scaler.get_scale() < scale)
+            step_loss, step_ce, stop = sync_processes(run.world, step_loss, step_ce,
+                                                     bool(interrupts.received))
+            losses.append(step_loss)  # a non-finite loss is a divergence, always
+            progress.count(step_loss, step_ce, scale is not None and scaler.get_scale() < scale)
             log_step = step % args.log_interval == 0 or step == args.max_iters
             if log_step or stop or run.world > 1:
                 check_finite(losses, step, args.out_dir)

@@ -1,14 +1,12 @@
 """
-What every prepare script and every reader of a dataset shares: reading a text, downloading a file
-from the first source that works, writing a dataset folder so that it is never seen half-written,
-and reading one back with every check (so that a checkpoint and the data it is read with are known
-to be the same data).
+What the prepare scripts and data/loader.py share: the project's error for bad input
+(InputError), reading a text, downloading a file from the first source that works, and writing a
+dataset folder so that it is never seen half-written, with a hash of each split that the loader
+checks (so that a checkpoint and the data it is read with are known to be the same data).
 
 A dataset folder holds train.bin and val.bin (uint16 token ids) and meta.json: the vocabulary, plus
 the size and a hash of each .bin file. meta.json is written last, so a prepare interrupted between
-its renames leaves .bin files that do not match it, which read_dataset refuses. A folder from
-elsewhere (nanoGPT's) may have meta.pkl instead; it is read with an unpickler that admits plain
-containers, strings and numbers only.
+its renames leaves .bin files that do not match it, which the loader refuses.
 
 This module imports nothing of data/ itself, so every prepare script can import it and none imports
 another's helpers through the package.
@@ -16,10 +14,8 @@ another's helpers through the package.
 
 import hashlib
 import http.client
-import io
 import json
 import os
-import pickle
 import time
 import urllib.error
 import urllib.request
@@ -216,96 +212,3 @@ def write_dataset(out_dir, train_ids, val_ids, meta):
     # an older prepare's vocabulary: meta.json replaces it
     if os.path.lexists(os.path.join(out_dir, 'meta.pkl')):
         os.remove(os.path.join(out_dir, 'meta.pkl'))
-
-
-class PlainUnpickler(pickle.Unpickler):
-    """Reads pickles of plain data only (dicts, lists, tuples, strings, numbers, booleans, None):
-    those need no class lookup, so any pickle that names a class or a function (the way a pickle
-    runs code) is refused."""
-
-    def find_class(self, module, name):
-        raise pickle.UnpicklingError(f"it names {module}.{name}, and only plain data is read")
-
-
-def read_meta(folder):
-    """The vocabulary of a dataset folder: meta.json, or a foreign meta.pkl read as plain data only.
-    ValueError in one line for anything else, or for a meta without an integer vocab_size that
-    uint16 ids can address."""
-    path = os.path.join(folder, 'meta.json')
-    try:
-        if os.path.exists(path):
-            with open(path, encoding='utf-8') as f:
-                meta = json.load(f)
-        else:
-            path = os.path.join(folder, 'meta.pkl')
-            with open(path, 'rb') as f:
-                meta = PlainUnpickler(io.BytesIO(f.read())).load()
-    except (OSError, ValueError, pickle.UnpicklingError, EOFError) as e:
-        raise InputError(f"{path} is unreadable or not plain data ({e}); prepare the dataset "
-                         "again") from None
-    size = meta.get('vocab_size') if isinstance(meta, dict) else None
-    if not (isinstance(size, int) and not isinstance(size, bool) and 1 <= size <= MAX_VOCAB):
-        raise InputError(f"{path} needs an integer vocab_size between 1 and {MAX_VOCAB:,} "
-                         f"(uint16 ids); it has {size!r}")
-    return meta
-
-
-def read_dataset(folder):
-    """(meta, {split: uint16 memmap}, identity) for a prepared folder, after every check: the
-    vocabulary is plain data, each split is a non-empty file of whole uint16 ids all below
-    vocab_size, and (for folders this repository prepared) each split matches the hash in meta.json.
-    identity names the data: its absolute path, the vocabulary's hash and each split's size and
-    hash; a checkpoint carries it, so that whoever reads the checkpoint with data can check that it
-    is the same data. ValueError in one line otherwise."""
-    meta = read_meta(folder)
-    splits, files = {}, {}
-    for split in ('train', 'val'):
-        path = os.path.join(folder, f'{split}.bin')
-        if not os.path.isfile(path):
-            raise InputError(f"{path} is not a file; prepare the dataset again")
-        size = os.path.getsize(path)
-        if size == 0 or size % 2:
-            raise InputError(f"{path} has {size:,} bytes: {'no' if size == 0 else 'not whole'} "
-                             "uint16 token ids")
-        data = np.memmap(path, dtype=np.uint16, mode='r')
-        files[f'{split}.bin'] = file_hash(data.view(np.uint8))
-        expected = meta.get('files', {}).get(f'{split}.bin')
-        if expected is not None and expected != files[f'{split}.bin']:
-            raise InputError(f"{path} does not match {folder}/meta.json (a prepare interrupted "
-                             "between its renames?); prepare the dataset again")
-        if int(data.max()) >= meta['vocab_size']:
-            raise InputError(f"{path} holds token id {int(data.max())}, outside the vocabulary of "
-                             f"{meta['vocab_size']}")
-        splits[split] = data
-    identity = {'path': os.path.abspath(folder), 'vocab': vocab_hash(meta), 'files': files}
-    return meta, splits, identity
-
-
-def check_same_data(ckpt, meta, identity, name):
-    """A checkpoint is only ever continued or read with the data it was trained on: ValueError in
-    one line naming both when the data at hand differs. A checkpoint from before data identities
-    were recorded is checked against its own copy of the vocabulary."""
-    recorded, why = ckpt.get('data'), ''
-    if recorded is None:
-        why = ('' if vocab_hash(ckpt.get('meta') or {}) == vocab_hash(meta)
-               else 'the vocabulary differs')
-    elif recorded['vocab'] != identity['vocab']:
-        why = 'the vocabulary differs'
-    else:
-        for split, value in recorded['files'].items():
-            here = identity['files'].get(split)
-            if here is None:
-                why = f"{split} is missing"
-            elif here[0] != value[0]:
-                why = f"{split} differs in size: {value[0]:,} bytes recorded, {here[0]:,} here"
-            elif here != value:
-                why = (f"{split} differs in content: the same {value[0]:,} bytes, but the "
-                       f"SHA-256 of its first and last MiB is {here[1][:12]}... here, "
-                       f"{value[1][:12]}... recorded")
-            if why:
-                break
-    if why:
-        trained_on = recorded['path'] if recorded else 'other data'
-        raise InputError(f"{name} was trained on {trained_on}, and {identity['path']} is not that "
-                         f"data ({why}); use the dataset it was trained on (--dataset), or start a "
-                         "new run")

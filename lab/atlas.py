@@ -33,8 +33,7 @@ import os
 
 import numpy as np
 
-from data import find_dataset
-from data.common import read_dataset
+from data.loader import find_dataset, read_dataset
 from lab.grid import ATLAS_READOUTS as READOUTS, DESIGNS, LogError, atlas_grid, group_runs, load_runs, run_grid
 from lab.norm_course import fit
 from lab.configs import HEAD

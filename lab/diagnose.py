@@ -30,8 +30,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from data import find_dataset
-from data.common import check_same_data, check_writable, read_dataset
+from data.common import check_writable
+from data.loader import check_same_data, find_dataset, read_dataset
 from lab.report import at_least, markdown, pyplot, save_figure, tool_parser
 from lab.runs import condition_name, load_model
 from looped import LoopedGPT

@@ -5,8 +5,8 @@ of them is what you want to change; train.py's loop calls each where it needs it
 - the presets --config takes (CONFIGS), as nanoGPT's config/ files beside its train.py;
 - the command line: a parser whose every error is one line, True/False flags, the nanoGPT flags a
   user types from memory (each answered), the training flags' checks, the run's default name;
-- the system: the device and dtype, torchrun's processes, regional torch.compile, Ctrl-C and
-  SIGTERM (which save the run), the progress line with its speed and ETA;
+- the system: the device and dtype, torchrun's processes, Ctrl-C and SIGTERM (which save the
+  run), the progress line with its speed and ETA;
 - the run folder: its lock (two runs never share one), checkpoints written beside the old one and
   renamed over it, read with weights_only=True, the log appended without following a link.
 
@@ -26,7 +26,8 @@ from contextlib import nullcontext
 import torch
 import torch.distributed as dist
 
-from data.common import InputError, check_same_data, write_atomically
+from data.common import InputError, write_atomically
+from data.loader import check_same_data
 
 # ---- the presets
 
@@ -230,14 +231,6 @@ def end_processes(ok):
         time.sleep(0.05)  # gloo's threads need the GIL a moment to let go of their tensors
 
 
-def compile_regions(model):
-    """Regional torch.compile: each layer of the stack (one graph serves every loop) and the head's
-    loss (its float32 copy of the logits fused away); the loop stays Python: any K reuses them."""
-    for block in model.blocks:
-        block.compile()
-    model.head_loss = torch.compile(model.head_loss)  # an attribute shadows the method
-
-
 class Interrupts:
     """Ctrl-C and SIGTERM set a flag that the loop reads once a step: it saves and exits 130
     there. A second Ctrl-C aborts a single process at once (torchrun repeats the first)."""
@@ -285,6 +278,9 @@ class Progress:
         self.t_start = self.t_last = time.time()
         self.losses, self.ces, self.skips = [], [], 0
 
+    def leave_out(self, seconds):  # time that was not training (an evaluation, a save)
+        self.t_last += seconds
+
     def count(self, loss, ce, skipped):  # one optimizer step's: a skipped one has no loss
         if skipped:
             self.skips += 1
@@ -307,13 +303,13 @@ class Progress:
         return line
 
 
-def agree(world, lossf, cef, stop):
+def sync_processes(world, loss, ce, stop):
     """Under torchrun every process must see the same loss and stop at the same step, or they
     hang: one all-reduce a step (the loss, the last exit's cross-entropy, the stop flag)."""
     if world == 1:
-        return lossf, cef, stop
-    flag = torch.tensor(float(stop), device=lossf.device)
-    shared = torch.stack([lossf.float(), cef.float(), flag])
+        return loss, ce, stop
+    flag = torch.tensor(float(stop), device=loss.device)
+    shared = torch.stack([loss.float(), ce.float(), flag])
     dist.all_reduce(shared)
     return shared[0] / world, shared[1] / world, shared[2].item() > 0
 

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from data.chains import prepare as chains
-from data.common import PrepareError, read_dataset
+from data.common import PrepareError
+from data.loader import read_dataset
 from lab import answers
 from tests.conftest import ROOT
 

@@ -61,7 +61,7 @@ def test_torchrun_with_default_flags(tmp_path):
     batch_size x processes, on the default dataset (prepared here from the shipped text if it is not yet, as a
     user's first run would, so that the two processes do not both prepare it). One batch per evaluation: the
     default 8 made evaluation three quarters of this test's time."""
-    from data import find_dataset
+    from data.loader import find_dataset
     find_dataset('shakespeare_char')
     cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'train.py',
            '--device=cpu', '--max_iters=4', '--eval_interval=2', '--eval_iters=1', f'--out_dir={tmp_path}']
