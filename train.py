@@ -30,7 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from data.loader import Data, steps_from_epochs
+from data.loader import Data
 from data.common import InputError
 from looped import CHOICES, ConfigError, LoopedConfig, LoopedGPT
 from plumbing.run import (Interrupts, Parser, Progress, check_finite, check_folder, check_replicas,
@@ -120,11 +120,11 @@ def get_lr(args, step):
 
 
 def resolve_schedule(args, n_tokens, T, global_batch, say):
-    """Writes into args the steps that --epochs asks for (and says how epochs became steps, for
-    n_tokens training tokens in windows of T) and --decay_lr's defaults (nanoGPT's: over the whole
-    run, to a tenth of the rate). InputError for a decay that would end before the warmup does."""
-    if args.epochs is not None:
-        args.max_iters, windows = steps_from_epochs(args.epochs, n_tokens, T, global_batch)
+    """Writes into args the steps --epochs asks for (saying how) and --decay_lr's defaults: over the
+    whole run to a tenth of the rate (nanoGPT's). InputError: a decay ending before the warmup."""
+    if args.epochs is not None:  # the authors' epoch: every window of T tokens at stride T/2
+        windows = (n_tokens - T - 1) // (T // 2) + 1
+        args.max_iters = math.ceil(args.epochs * windows / global_batch)
         say(f"{args.epochs:g} epochs x {windows:,} windows ({n_tokens:,} tokens in windows of {T} "
             f"at stride {T // 2}) / {global_batch} per step = {args.max_iters:,} steps")
     if args.decay_lr:

@@ -2,13 +2,12 @@
 The loader train.py reads its data with: find a dataset (by name or folder; the default one is
 prepared on first use), read it back with every check, and cut it into batches: random training
 windows drawn from a seeded generator (saved in the checkpoint, for an exact resume) and fixed
-evaluation windows, the same at every evaluation. An epoch is the authors': windows at stride
-block_size/2. A checkpoint is only ever read with the data it was trained on (check_same_data).
+evaluation windows, the same at every evaluation. A checkpoint is only ever read with the data it
+was trained on (check_same_data).
 """
 
 import io
 import json
-import math
 import os
 import pickle
 
@@ -182,9 +181,3 @@ class Data:
         n = max(1, min(n_batches * self.B, (len(data) - 1) // self.T))
         starts = np.linspace(0, len(data) - self.T - 1, n).astype(np.int64).tolist()
         return [self._batch(data, starts[i:i + self.B]) for i in range(0, n, self.B)]
-
-
-def steps_from_epochs(epochs, n_tokens, block_size, global_batch):
-    """(steps, windows per epoch), an epoch being the authors': windows at stride block_size/2"""
-    windows = (n_tokens - block_size - 1) // (block_size // 2) + 1
-    return math.ceil(epochs * windows / global_batch), windows

@@ -3,12 +3,12 @@ and two training steps of the paper_44m configuration on the CPU."""
 
 import json
 import re
+import types
 
 import numpy as np
 import pytest
 
 import train
-from data import loader
 from data.wikitext103 import prepare as wikitext_prepare
 
 ARTICLE = (" = Valkyria Chronicles III = \n \n Senjō no Valkyria 3 : <unk> Chronicles "
@@ -87,13 +87,21 @@ def test_paper_44m_trains_end_to_end_on_cpu(word_data, tmp_path, capsys):
     assert ' = Valkyria' in capsys.readouterr().out
 
 
+def steps_from_epochs(epochs, n_tokens, T, global_batch):
+    """(steps, windows per epoch) as train.py's resolve_schedule counts them and says so."""
+    args, said = types.SimpleNamespace(epochs=epochs, decay_lr=False), []
+    train.resolve_schedule(args, n_tokens, T, global_batch, said.append)
+    windows = int(re.search(r'x ([\d,]+) windows', said[0]).group(1).replace(',', ''))
+    return args.max_iters, windows
+
+
 def test_epochs_count_windows_at_half_stride_as_the_authors_do():
     # 1,000 tokens in windows of 256 at stride 128: starts 0, 128, ..., 640 (each window needs 257 tokens with
     # its target), so 6 windows an epoch; 4 epochs at 64 windows a step is one step, at 2 a step twelve
-    assert loader.steps_from_epochs(4, 1000, 256, 64) == (1, 6)
-    assert loader.steps_from_epochs(4, 1000, 256, 2) == (12, 6)
+    assert steps_from_epochs(4, 1000, 256, 64) == (1, 6)
+    assert steps_from_epochs(4, 1000, 256, 2) == (12, 6)
     # about twice the steps of one pass over the tokens, for a long split
-    steps, windows = loader.steps_from_epochs(1, 10_000_000, 256, 64)
+    steps, windows = steps_from_epochs(1, 10_000_000, 256, 64)
     assert windows == pytest.approx(2 * 10_000_000 / 256, rel=1e-3)
 
 
@@ -103,7 +111,7 @@ def test_paper_config_prints_its_step_count(word_data, tmp_path, capsys):
                 '--block_size=64', '--n_layer=1', '--n_embd=64', '--n_head=2', '--eval_interval=100', '--eval_iters=1',
                 '--out_dir', str(tmp_path)])
     n = len(np.fromfile(word_data / 'train.bin', dtype=np.uint16))
-    steps, windows = loader.steps_from_epochs(0.05, n, 64, 2)
+    steps, windows = steps_from_epochs(0.05, n, 64, 2)
     assert (f"0.05 epochs x {windows:,} windows ({n:,} tokens in windows of 64 at stride 32) / 2 per step = "
             f"{steps:,} steps") \
         in capsys.readouterr().out
