@@ -11,9 +11,9 @@ One GPU (bf16 or float16, torch.compile), continuing a run, nanoGPT's cosine, se
     python train.py --resume --max_iters=1200
     python train.py --decay_lr --warmup_iters=50
     torchrun --standalone --nproc_per_node=2 train.py --device=cpu
-Beside the loop: data/loader.py reads a dataset and cuts its batches; plumbing/run.py the parser, presets,
-device, processes, run folder and progress line. The field's other designs train through this
-file with python -m lab.train <flags>.
+Beside the loop: data/loader.py reads a dataset and cuts its batches; plumbing/run.py holds the
+parser, presets, device, processes, run folder and progress line. The field's other designs train
+through this file with python -m lab.train <flags>.
 """
 
 import argparse
