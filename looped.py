@@ -132,13 +132,12 @@ class MLP(nn.Module):
         super().__init__()
         hidden = 4 * config.n_embd
         self.c_fc = nn.Linear(config.n_embd, hidden, bias=False)  # W1: silu(W1 x) is the gate
-        # W3, the linear branch the gate multiplies (up_proj elsewhere; an old name, kept)
-        self.c_gate = nn.Linear(config.n_embd, hidden, bias=False)
+        self.c_up = nn.Linear(config.n_embd, hidden, bias=False)  # W3: the branch it multiplies
         self.c_proj = nn.Linear(hidden, config.n_embd, bias=False)
         self.drop = nn.Dropout(config.dropout)
 
     def forward(self, x):
-        u = F.silu(self.c_fc(x)) * self.c_gate(x)                     # (B, T, 4C)
+        u = F.silu(self.c_fc(x)) * self.c_up(x)                       # (B, T, 4C)
         return self.drop(self.c_proj(u))                              # (B, T, C)
 
 

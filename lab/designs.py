@@ -229,7 +229,8 @@ class DesignedGPT(LoopedGPT):
                 std = 0.02
             else:
                 continue
-            draw = torch.Generator().manual_seed(seed ^ zlib.crc32(name.encode()))
+            key = name.replace('.c_up.', '.c_gate.')  # W3's former name: committed runs draw as they did
+            draw = torch.Generator().manual_seed(seed ^ zlib.crc32(key.encode()))
             with torch.no_grad():
                 p.copy_(torch.randn(p.shape, generator=draw) * std)
         with torch.no_grad():
@@ -241,7 +242,7 @@ class DesignedGPT(LoopedGPT):
                 for block in [*self.prelude, *self.blocks, *self.coda]:
                     block.attn.c_attn.weight[2 * c.n_embd:].mul_((8 * depth) ** -0.5)  # v's rows
                     # two MLP matrices, as in DeepNorm's FFN (SwiGLU: the linear branch, not silu's)
-                    first = block.mlp.c_gate if c.mlp == 'swiglu' else block.mlp.c_fc
+                    first = block.mlp.c_up if c.mlp == 'swiglu' else block.mlp.c_fc
                     for m in (block.attn.c_proj, first, block.mlp.c_proj):
                         m.weight.mul_((8 * depth) ** -0.5)
 

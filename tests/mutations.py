@@ -39,7 +39,7 @@ T = 'tests/test_behaviours.py::'
 MUTATIONS = [
     # ---- declaring a design once: the init, the FLOPs and the names that derive from a field
     ('gpt2 init drawn from the global stream', 'lab/designs.py',
-     'draw = torch.Generator().manual_seed(seed ^ zlib.crc32(name.encode()))', 'draw = None',
+     'draw = torch.Generator().manual_seed(seed ^ zlib.crc32(key.encode()))', 'draw = None',
      ['tests/test_registry.py::test_init_draws_every_other_weight_the_same_when_a_parameter_is_added']),
     ('paper_small_embed redraws the whole model', 'lab/designs.py',
      "elif c.init == 'paper_small_embed' and name in ('wte.weight', 'wpe.weight'):",
@@ -628,8 +628,8 @@ MUTATIONS = [
      'self.norm = nn.LayerNorm(config.n_embd, eps=config.norm_eps, bias=False)',
      'self.norm = RMSNorm(config.n_embd, config.norm_eps)',
      [W + 'test_each_readout_kind_is_told_apart_from_every_other']),
-    ('SwiGLU gated through gelu', 'looped.py', 'u = F.silu(self.c_fc(x)) * self.c_gate(x)',
-     'u = F.gelu(self.c_fc(x)) * self.c_gate(x)', [W + 'test_mlp_activation_under_each_choice']),
+    ('SwiGLU gated through gelu', 'looped.py', 'u = F.silu(self.c_fc(x)) * self.c_up(x)',
+     'u = F.gelu(self.c_fc(x)) * self.c_up(x)', [W + 'test_mlp_activation_under_each_choice']),
     ('GELU MLP uses relu', 'lab/designs.py', 'return self.drop(self.c_proj(F.gelu(self.c_fc(x))))',
      'return self.drop(self.c_proj(F.relu(self.c_fc(x))))',
      [W + 'test_mlp_activation_under_each_choice']),

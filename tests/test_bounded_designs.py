@@ -133,7 +133,7 @@ def test_deepnorm_shrinks_the_value_output_and_mlp_weights_by_beta(init):
     assert torch.equal(q.attn.c_attn.weight[:2 * d], p.attn.c_attn.weight[:2 * d])  # q, k: gain 1
     assert torch.allclose(q.attn.c_attn.weight[2 * d:], beta * p.attn.c_attn.weight[2 * d:])
     # the MLP: two of SwiGLU's three matrices, as DeepNorm scales its FFN's two (the silu branch keeps gain 1)
-    assert torch.allclose(q.mlp.c_gate.weight, beta * p.mlp.c_gate.weight)
+    assert torch.allclose(q.mlp.c_up.weight, beta * p.mlp.c_up.weight)
     assert torch.equal(q.mlp.c_fc.weight, p.mlp.c_fc.weight)
     # the output projections: beta instead of gpt2's 1 / sqrt(2N), on the same draw
     undo = math.sqrt(2 * 3) if init == 'gpt2' else 1.0

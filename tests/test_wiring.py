@@ -204,11 +204,11 @@ def test_mlp_activation_under_each_choice(mlp):
     block = tiny(mlp=mlp).blocks[0].mlp
     x = torch.randn(2, 4, 32) * 3
     u = block.c_fc(x)
-    want = block.c_proj(F.silu(u) * block.c_gate(x) if mlp == 'swiglu' else F.gelu(u))
-    assert hasattr(block, 'c_gate') == (mlp == 'swiglu')
+    want = block.c_proj(F.silu(u) * block.c_up(x) if mlp == 'swiglu' else F.gelu(u))
+    assert hasattr(block, 'c_up') == (mlp == 'swiglu')
     torch.testing.assert_close(block(x), want)
     others = ([F.relu(u), F.gelu(u, approximate='tanh'), F.silu(u)] if mlp == 'gelu'
-              else [F.gelu(u) * block.c_gate(x), F.silu(u)])
+              else [F.gelu(u) * block.c_up(x), F.silu(u)])
     for other in others:  # the inputs are large enough that the activations differ visibly
         assert not torch.allclose(block(x), block.c_proj(other), atol=1e-4)
 
