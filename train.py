@@ -40,10 +40,6 @@ from plumbing.run import (Interrupts, Parser, Progress, check_finite, check_fold
 # ---- flags: the paper's model, training, evaluation, the system (presets: plumbing/run.py)
 
 
-def fail(message):  # one line on stderr and exit status 1, as the parser's errors
-    sys.exit(f"train.py: error: {message}")
-
-
 def get_parser(prog='train.py'):
     p = Parser(prog=prog, description='Train a looped transformer LM.')  # --config is its own
     add, flag = p.add_argument, p.flag
@@ -192,8 +188,8 @@ class Hooks:
     def unused_parameters(self, config):  # may a step leave a parameter without a gradient?
         return config.recurrence == 'normed' and config.n_loop == 1  # inter_norm, never run
 
-    def compile(self, model):  # each layer, and the head's matmul with its cross-entropy (no
-        for block in model.blocks:  # float32 logits kept); the loop stays Python: any K reuses them
+    def compile(self, model):  # each layer, and the head's matmul with its cross-entropy
+        for block in model.blocks:  # the loop stays Python, so any K reuses the compiled layers
             block.compile()
         model.head_loss = torch.compile(model.head_loss)  # an attribute shadows the method
 
@@ -327,8 +323,8 @@ def main(argv=None, parser=None, hooks=Hooks(), out_dir_of=None):
         lock, run_id = begin_log(run)
         train(run, hooks, run_id)
         ok = True
-    except InputError as e:
-        fail(e)
+    except InputError as e:  # one line on stderr and exit status 1, as the parser's errors
+        sys.exit(f"train.py: error: {e}")
     finally:
         if lock is not None:  # the folder free for the next run
             os.close(lock)
@@ -359,6 +355,7 @@ def train(run, hooks, run_id):
                     and step != last_eval_step:
                 t_eval = time.time()
                 check_finite(losses, step, args.out_dir)
+                losses.clear()
                 record = eval_record(run.raw_model, step, batches, run.ctx, hooks, args.out_dir)
                 record['elapsed_s'] = round(time.time() - progress.t_start, 2)
                 best_val_loss = min(best_val_loss, record['val_loss'][K - 1])
@@ -384,7 +381,7 @@ def train(run, hooks, run_id):
                     _, loss, stats = model(x, y, n_loop=drawn)
                 scaler.scale(loss / run.micro_steps).backward()
                 step_loss = step_loss + loss.detach() / run.micro_steps
-                step_ce = step_ce + stats['ce'][-1] / run.micro_steps  # the last exit's, as loss
+                step_ce = step_ce + stats['ce'][-1] / run.micro_steps  # at the last exit, K
             if args.grad_clip > 0:
                 scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
                 torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
@@ -394,13 +391,15 @@ def train(run, hooks, run_id):
             optimizer.zero_grad(set_to_none=True)
             step += 1
             # ---- the bookkeeping: processes agree, divergence stops, progress, Ctrl-C saves
-            step_loss, step_ce, stop = sync_processes(run.world, step_loss, step_ce,
-                                                     bool(interrupts.received))
+            stop = bool(interrupts.received)
+            if run.world > 1:  # every process the same loss and the same stop, or they hang
+                step_loss, step_ce, stop = sync_processes(step_loss, step_ce, stop, run.world)
             losses.append(step_loss)  # a non-finite loss is a divergence, always
             progress.count(step_loss, step_ce, scale is not None and scaler.get_scale() < scale)
             log_step = step % args.log_interval == 0 or step == args.max_iters
-            if log_step or stop or run.world > 1:
+            if log_step or stop or run.world > 1:  # one sync reads the losses since the last
                 check_finite(losses, step, args.out_dir)
+                losses.clear()
             if log_step:
                 say(progress.line(step, args.max_iters, stats['hidden_norm'][-1].item(), drawn))
             if stop:

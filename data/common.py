@@ -31,9 +31,10 @@ USER_AGENT = ('Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/
 
 
 class InputError(ValueError):
-    """What a user gave cannot be used: a flag, a dataset, a run folder, a checkpoint, a device.
-    The project's own checks raise it, and train.py prints it in one line; any other exception is
-    a bug (the project's or a student's edit) and keeps its traceback."""
+    """What a user gave cannot be used (a flag, a dataset, a run folder, a checkpoint, a device),
+    or a run cannot go on with it (its loss diverged). The project's own checks raise it, and
+    train.py prints it in one line; any other exception is a bug (the project's or a student's
+    edit) and keeps its traceback."""
 
 
 class PrepareError(InputError):

@@ -303,11 +303,9 @@ class Progress:
         return line
 
 
-def sync_processes(world, loss, ce, stop):
+def sync_processes(loss, ce, stop, world):
     """Under torchrun every process must see the same loss and stop at the same step, or they
     hang: one all-reduce a step (the loss, the last exit's cross-entropy, the stop flag)."""
-    if world == 1:
-        return loss, ce, stop
     flag = torch.tensor(float(stop), device=loss.device)
     shared = torch.stack([loss.float(), ce.float(), flag])
     dist.all_reduce(shared)
@@ -449,14 +447,13 @@ def kept(out_dir):  # what a failure leaves behind, in words
 
 
 def check_finite(losses, step, out_dir):
-    """Stop at a non-finite training loss, naming its step: one sync reads every loss since the
-    last check (a divergence is never saved)."""
+    """Stop at a non-finite training loss among losses (the last one is step's), naming its step:
+    one sync reads them all (a divergence is never saved)."""
     values = torch.stack(losses).tolist() if losses else []
     for i, v in enumerate(values):
         if not math.isfinite(v):
             raise InputError(f"training loss is {v} at step {step - len(values) + 1 + i}; "
                              f"stopping, {kept(out_dir)} (try a lower --learning_rate)")
-    losses.clear()
 
 
 def open_log(out_dir, resume, overwrite, ckpt, header):

@@ -148,7 +148,7 @@ def test_cli_error_is_a_single_stderr_line():
 def test_default_dataset_is_prepared_on_first_use_from_the_shipped_text(tmp_path, monkeypatch, capsys):
     """No prepared dataset: the first run prepares it from data/shakespeare_char/input.txt, offline. With that
     text deleted and no source reachable, one line says how to get it back, and nothing is trained."""
-    import data
+    from data import loader as data
     (tmp_path / 'data' / 'shakespeare_char').mkdir(parents=True)
     monkeypatch.setattr(data, 'HERE', str(tmp_path / 'data'))                       # no prepared dataset here
     train.main([*TINY, '--max_iters=2', '--out_dir', str(tmp_path / 'out')])
@@ -394,7 +394,8 @@ def test_readme_flags_exist_and_the_concept_table_matches_the_defaults():
 
 def test_sample_needs_only_the_handout(finished_run, tmp_path):
     """sample.py runs from a folder that holds sample.py, looped.py and plumbing/ (its checkpoint reader) with
-    data/common.py (the one error type) alone: no lab, no dataset, no train.py."""
+    data/common.py (the one error type) and data/loader.py (the data check plumbing imports): no lab, no dataset, no
+    train.py."""
     import shutil
     _, out = finished_run
     for name in ('sample.py', 'looped.py'):
@@ -402,7 +403,7 @@ def test_sample_needs_only_the_handout(finished_run, tmp_path):
     shutil.copytree(os.path.join(ROOT, 'plumbing'), tmp_path / 'plumbing',
                     ignore=shutil.ignore_patterns('__pycache__'))
     os.makedirs(tmp_path / 'data')
-    for name in ('__init__.py', 'common.py'):
+    for name in ('__init__.py', 'common.py', 'loader.py'):
         shutil.copy(os.path.join(ROOT, 'data', name), tmp_path / 'data' / name)
     r = subprocess.run([sys.executable, 'sample.py', '--out_dir', str(out), '--max_new_tokens=10', '--num_samples=1'],
                        cwd=tmp_path, capture_output=True, text=True, env={**os.environ, 'PYTHONPATH': ''})
