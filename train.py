@@ -322,6 +322,8 @@ def main(argv=None, parser=None, hooks=Hooks(), out_dir_of=None):
         run = setup(args, given, hooks)
         lock, run_id = begin_log(run)
         train(run, hooks, run_id)
+        if run.world > 1:
+            check_replicas(run.raw_model, run.world, run.device, run.say)
         ok = True
     except InputError as e:  # one line on stderr and exit status 1, as the parser's errors
         sys.exit(f"train.py: error: {e}")
@@ -354,8 +356,6 @@ def train(run, hooks, run_id):
             if (step % args.eval_interval == 0 or step == args.max_iters) \
                     and step != last_eval_step:
                 t_eval = time.time()
-                check_finite(losses, step, args.out_dir)
-                losses.clear()
                 record = eval_record(run.raw_model, step, batches, run.ctx, hooks, args.out_dir)
                 record['elapsed_s'] = round(time.time() - progress.t_start, 2)
                 best_val_loss = min(best_val_loss, record['val_loss'][K - 1])
@@ -397,7 +397,8 @@ def train(run, hooks, run_id):
             losses.append(step_loss)  # a non-finite loss is a divergence, always
             progress.count(step_loss, step_ce, scale is not None and scaler.get_scale() < scale)
             log_step = step % args.log_interval == 0 or step == args.max_iters
-            if log_step or stop or run.world > 1:  # one sync reads the losses since the last
+            # before a log line, an evaluation or a stop, one sync reads the losses since the last
+            if log_step or step % args.eval_interval == 0 or stop or run.world > 1:
                 check_finite(losses, step, args.out_dir)
                 losses.clear()
             if log_step:
@@ -409,8 +410,6 @@ def train(run, hooks, run_id):
                 say(f"saved {os.path.join(args.out_dir, 'ckpt.pt')} at step {step}; continue "
                     "with the same flags plus --resume", flush=True)
                 sys.exit(130)
-    if run.world > 1:
-        check_replicas(run.raw_model, run.world, run.device, say)
     say(f"done: {step} steps in {fmt_time(time.time() - progress.t_start)}; final ||h_K|| "
         f"{record['hidden_norm'][K - 1]:.1f}, val loss {record['val_loss'][K - 1]:.4f}; "
         f"log {os.path.join(args.out_dir, 'log.jsonl')}")
