@@ -41,7 +41,8 @@ from plumbing.run import (Interrupts, Parser, Progress, check_finite, check_fold
 
 
 def get_parser(prog='train.py'):
-    p = Parser(prog=prog, description='Train a looped transformer LM.')  # --config is its own
+    # plumbing/run.py's Parser: one-line errors; it adds --config (the presets) and applies it
+    p = Parser(prog=prog, description='Train a looped transformer LM.')
     add, flag = p.add_argument, p.flag
     # the model: looped.py's LoopedConfig, its defaults the laptop run's (2 layers x 128, K = 4)
     add('--block_size', type=int, default=128, help='context length T')
@@ -179,7 +180,7 @@ class Hooks:
     """train.py's own choices; lab/train.py's subclass gives the designs' instead."""
     Config = LoopedConfig  # its fields are the model's flags, which a resumed run keeps
 
-    def model_config(self, args, vocab_size):
+    def model_config(self, args, vocab_size):  # model_config above; the lab's picks a design
         return model_config(args, vocab_size)
 
     def depth(self, model, seed, step):  # the loops a training step runs (None: the model's K)
