@@ -361,6 +361,8 @@ def load_checkpoint(path, device='cpu'):
     if missing:
         raise InputError(f"checkpoint {path} lacks {', '.join(sorted(missing))}; not a looped "
                          "checkpoint")
+    # SwiGLU's W3 was named c_gate before it was c_up: an older checkpoint reads as it was saved
+    ckpt['model'] = {k.replace('.mlp.c_gate.', '.mlp.c_up.'): v for k, v in ckpt['model'].items()}
     return ckpt
 
 

@@ -74,3 +74,19 @@ def test_a_log_with_a_cut_last_line_reads_back_to_its_last_whole_line(tmp_path):
     folder = write_log(tmp_path / 'cut', [0, 10, 20], max_iters=20, cut=True)
     config, records, K = logs.read_log(folder)
     assert [r['step'] for r in records] == [0, 10, 20] and K == 1 and config['max_iters'] == 20
+
+
+def test_a_checkpoint_saved_when_w3_was_named_c_gate_still_loads(tmp_path):
+    """SwiGLU's W3 was c_gate before it was c_up: load_checkpoint reads an older checkpoint's weights under the new
+    name, in their order (the optimizer state goes by order), and they load into today's model."""
+    from looped import LoopedConfig, LoopedGPT
+    torch.manual_seed(0)
+    model = LoopedGPT(LoopedConfig(vocab_size=11, block_size=8, n_embd=16, n_head=2, n_layer=1, n_loop=2))
+    old = {k.replace('.mlp.c_up.', '.mlp.c_gate.'): v for k, v in model.state_dict().items()}
+    assert any('c_gate' in k for k in old)
+    torch.save({'model': old, 'config': model.config.to_dict(), 'step': 1}, tmp_path / 'ckpt.pt')
+    ckpt = run.load_checkpoint(str(tmp_path / 'ckpt.pt'))
+    assert list(ckpt['model']) == list(model.state_dict())
+    fresh = LoopedGPT(model.config)
+    run.load_weights(fresh, ckpt['model'], 'the old checkpoint')
+    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values()))
