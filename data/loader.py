@@ -44,7 +44,7 @@ def find_dataset(name):
     if name != 'shakespeare_char':
         raise InputError(f"{folder} has no {', '.join(FILES)}; prepare it first: "
                          f"python -m data.{name}.prepare")
-    # imported here: the prepare scripts never import this file's names
+    # imported here: only a first run needs the prepare script
     from data.shakespeare_char import prepare
     print(f"{folder} is not prepared yet; preparing it now")
     try:
