@@ -33,9 +33,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from data.loader import Data
 from data.common import InputError
 from looped import CHOICES, ConfigError, LoopedConfig, LoopedGPT
-from plumbing.run import (Interrupts, Parser, Progress, check_finite, check_folder, check_replicas,
-                          end_processes, fmt_time, kept, log_record, open_log, resolve_device,
-                          restore, resume_args, save_checkpoint, start_processes, sync_processes)
+from plumbing.run import (Interrupts, Parser, Progress, check_finite, check_replicas, end_processes,
+                          kept, log_record, open_log, restore, resume_args, save_checkpoint,
+                          start_processes, sync_processes)
 
 # ---- flags: the paper's model, training, evaluation, the system (presets: plumbing/run.py)
 
@@ -243,8 +243,9 @@ class Run:
 def setup(args, given, hooks):
     """The Run the flags describe, all of it checked before out_dir is written: bad input never
     harms an earlier run. Resumed, the model, optimizer and batch order are the checkpoint's."""
-    device, dtype, compile, ctx = resolve_device(args.device, args.dtype, args.compile)
-    device, rank, world = start_processes(device)  # several under torchrun
+    # the device, dtype and compile that 'auto' means here; several processes under torchrun
+    device, dtype, compile, ctx, rank, world = start_processes(args.device, args.dtype,
+                                                               args.compile)
     say = print if rank == 0 else (lambda *a, **k: None)
     say(f"device: {device} | dtype: {dtype} | compile: {compile}"
         + (' (auto: on for CUDA only)' if args.compile == 'auto' else '')
@@ -260,7 +261,6 @@ def setup(args, given, hooks):
     # sets args.max_iters under --epochs, and lr_decay_iters and min_lr under --decay_lr
     resolve_schedule(args, len(data.splits['train']), config.block_size,
                      args.batch_size * micro_steps * world, say)
-    check_folder(args.out_dir, args.resume, args.overwrite)
     torch.manual_seed(args.seed)
     raw_model = Model(config).to(device)
     kind = device.split(':')[0]  # 'cuda', 'cpu' or 'mps': the fused AdamW and the scaler ask
@@ -281,9 +281,9 @@ def setup(args, given, hooks):
 
 
 def begin_log(run):
-    """Rank 0 locks out_dir for the run's life (a second run into it is refused here), checks it
-    again (one may have ended there meanwhile) and begins or reconciles its log. Returns (the
-    lock, or None on other ranks, the run's id)."""
+    """Rank 0 locks out_dir for the run's life (a second run into it is refused here), checks that
+    the command may write there (no link planted, no run it would replace) and begins or
+    reconciles its log. Returns (the lock, or None on other ranks, the run's id)."""
     args, c = run.args, run.raw_model.config
     n_params, B = run.raw_model.num_params(), args.batch_size * run.micro_steps * run.world
     run.say(f"{args.out_dir}: {type(run.raw_model).__name__}, {n_params:,} parameters, "
@@ -350,6 +350,7 @@ def train(run, hooks, run_id):
     batches = {split: data.fixed_batches(split, args.eval_iters) for split in ('val', 'train')}
     tokens = args.batch_size * run.micro_steps * run.world * run.raw_model.config.block_size
     progress = Progress(step, tokens, run.raw_model.flops_per_token(), run.device)
+    t_start = time.time()  # for the log's elapsed_s (a resumed run's clock starts again)
     losses = []  # the training losses since the last check that they are finite
     with Interrupts(run.world, say) as interrupts:
         while True:
@@ -358,7 +359,7 @@ def train(run, hooks, run_id):
                     and step != last_eval_step:
                 t_eval = time.time()
                 record = eval_record(run.raw_model, step, batches, run.ctx, hooks, args.out_dir)
-                record['elapsed_s'] = round(time.time() - progress.t_start, 2)
+                record['elapsed_s'] = round(time.time() - t_start, 2)
                 best_val_loss = min(best_val_loss, record['val_loss'][K - 1])
                 last_eval_step = step
                 if step > 0:  # the checkpoint first: the log never runs ahead of it
@@ -411,7 +412,7 @@ def train(run, hooks, run_id):
                 say(f"saved {os.path.join(args.out_dir, 'ckpt.pt')} at step {step}; continue "
                     "with the same flags plus --resume", flush=True)
                 sys.exit(130)
-    say(f"done: {step} steps in {fmt_time(time.time() - progress.t_start)}; final ||h_K|| "
+    say(f"done: {step} steps in {time.time() - t_start:.0f} s; final ||h_K|| "
         f"{record['hidden_norm'][K - 1]:.1f}, val loss {record['val_loss'][K - 1]:.4f}; "
         f"log {os.path.join(args.out_dir, 'log.jsonl')}")
 

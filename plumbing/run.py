@@ -210,16 +210,18 @@ def resolve_device(device, dtype, compile):
     return device, dtype, kind == 'cuda' if compile == 'auto' else compile, ctx
 
 
-def start_processes(device):
-    """Under torchrun (RANK set), join the process group: NCCL with one GPU a process, or gloo on
-    CPUs. (device, rank, world size); (device, 0, 1) for a single process."""
+def start_processes(device, dtype, compile):
+    """The flags' device, dtype and compile made concrete (resolve_device), then, under torchrun
+    (RANK set), the process group joined: NCCL with one GPU a process, or gloo on CPUs. Returns
+    (device, dtype, compile, autocast context, rank, world size); rank 0 of 1 alone."""
+    device, dtype, compile, ctx = resolve_device(device, dtype, compile)
     if 'RANK' not in os.environ:
-        return device, 0, 1
+        return device, dtype, compile, ctx, 0, 1
     dist.init_process_group(backend='nccl' if device.startswith('cuda') else 'gloo')
     if device.startswith('cuda'):
         device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
         torch.cuda.set_device(device)
-    return device, dist.get_rank(), dist.get_world_size()
+    return device, dtype, compile, ctx, dist.get_rank(), dist.get_world_size()
 
 
 def end_processes(ok):
