@@ -20,7 +20,7 @@ the residual loop keeps carrying, and growing, that scale. The fields that expos
     norm_penalty  lambda                adds lambda * mean_k mean(h_k^2)
 
 The rest: the shape (vocab_size, block_size, n_embd, n_head, n_layer, n_loop, dropout), tie_weights,
-norm_eps. LoopedGPT.loops runs the loop; lab/designs.py overrides the "seam" methods.
+norm_eps. LoopedGPT.loops runs the loop; a method marked "A seam" is one lab/designs.py overrides.
 """
 
 import math
@@ -264,7 +264,7 @@ class LoopedGPT(nn.Module):
     def head_loss(self, x, targets=None, reduction='mean'):
         """The LM head on x = exit_input(h_k, k) (B, T, C): the one place a state becomes logits
         (B, T, V) for training, evaluation and generate; with targets (B, T), their float32
-        cross-entropy too (--compile puts a compiled copy on the model: no float32 logits kept)."""
+        cross-entropy too (train.py's --compile fuses the two, so that copy is never stored)."""
         logits = self.lm_head(x)                                      # (B, T, V)
         if targets is None:
             return logits, None
@@ -343,8 +343,9 @@ class LoopedGPT(nn.Module):
                  exit_rule=None, exit_threshold=None, return_depths=False):
         """Append max_new_tokens sampled tokens to idx (B, T), each from its window run through
         n_loop loops (the trained K unless set), or up to the first whose exit rule passes. The
-        window grows to block_size tokens, then restarts from its newest half (not nanoGPT's last
-        block_size), a rule a KV cache can keep (lab/engine.py); return_depths: exit loops too."""
+        window grows to block_size tokens, then restarts from its newest half (nanoGPT's slides,
+        shifting every position): a KV cache stays valid so (lab/engine.py). return_depths: each
+        token's exit loop too."""
         K, block = n_loop or self.config.n_loop, self.config.block_size
         start, depths = max(0, idx.size(1) - block), []
         for _ in range(max_new_tokens):
@@ -357,7 +358,7 @@ class LoopedGPT(nn.Module):
             else:
                 logp, depth = self.exit_early(idx[:, start:], K, exit_rule, exit_threshold)
             depths.append(depth)
-            idx = torch.cat((idx, sample(logp, temperature, top_k)), dim=1)
+            idx = torch.cat((idx, sample(logp, temperature, top_k)), dim=1)  # sample: below
         if not return_depths:
             return idx
         return idx, (torch.stack(depths, 1) if depths else idx.new_zeros(idx.size(0), 0))

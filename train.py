@@ -11,9 +11,7 @@ One GPU (bf16 or float16, torch.compile), continuing a run, nanoGPT's cosine, se
     python train.py --resume --max_iters=1200
     python train.py --decay_lr --warmup_iters=50
     torchrun --standalone --nproc_per_node=2 train.py --device=cpu
-Beside the loop: data/loader.py reads a dataset and cuts its batches; plumbing/run.py holds the
-parser, presets, device, processes, run folder and progress line. The field's other designs train
-through this file with python -m lab.train <flags>.
+data/loader.py reads a dataset and cuts its batches; plumbing/run.py holds the rest of the run.
 """
 
 import argparse
@@ -33,6 +31,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from data.loader import Data
 from data.common import InputError
 from looped import CHOICES, ConfigError, LoopedConfig, LoopedGPT
+# the run's plumbing: parser, device and processes, Ctrl-C, progress line, run folder's files
 from plumbing.run import (Interrupts, Parser, Progress, check_finite, check_replicas, end_processes,
                           kept, log_record, open_log, restore, resume_args, save_checkpoint,
                           start_processes, sync_processes)
@@ -58,7 +57,7 @@ def get_parser(prog='train.py'):
     add('--norm_penalty', type=float, default=0.0, help='lambda in lambda * mean_k mean(h_k^2)')
     add('--recurrence', default='residual', choices=CHOICES['recurrence'],
         help='the next loop starts from h_k, or from RMSNorm(h_k)')
-    flag('--tie_weights', None, "the head shares the token embedding's weight (unset: tied)")
+    flag('--tie_weights', True, "the head shares the token embedding's weight (the authors')")
     add('--norm_eps', type=float, default=1e-6, help="every RMSNorm's epsilon (the authors')")
     # optimization: AdamW, a constant learning rate (as the paper) unless --decay_lr
     add('--batch_size', type=int, default=16, help='sequences per micro-step (per process)')
@@ -86,16 +85,16 @@ def get_parser(prog='train.py'):
     # the system
     add('--device', default='auto', help='auto, cpu, cuda, cuda:N or mps')
     add('--dtype', default='auto', choices=['auto', 'float32', 'bfloat16', 'float16'],
-        help='auto: bf16 on a GPU that has it, else float16 (GradScaler); float32 on a CPU')
+        help='auto: bf16 where CUDA has it, else float16 (GradScaler); float32 on CPU or MPS')
     flag('--compile', 'auto', 'auto: on for CUDA only')
     add('--seed', type=int, default=1337, help='initialization, dropout and batch order')
     return p
 
 
 def model_config(args, vocab_size=65):
-    """The model the flags describe: (its class, its config); InputError for an invalid one."""
+    """The model the flags describe: (its class, its config); InputError for an invalid one. The
+    class comes too because python -m lab.train's version of this function may pick another."""
     values = {f.name: getattr(args, f.name) for f in fields(LoopedConfig) if f.name != 'vocab_size'}
-    values['tie_weights'] = args.tie_weights is not False  # unset: tied, as the authors'
     try:  # LoopedConfig's own checks, of values the user typed
         return LoopedGPT, LoopedConfig(vocab_size=vocab_size, **values)
     except ConfigError as e:
@@ -129,8 +128,7 @@ def resolve_schedule(args, n_tokens, T, global_batch, say):
         args.min_lr = args.learning_rate / 10 if args.min_lr is None else args.min_lr
         if args.lr_decay_iters <= args.warmup_iters:
             raise InputError(f"--lr_decay_iters={args.lr_decay_iters} must be greater than "
-                             f"--warmup_iters={args.warmup_iters}: the decay starts after the "
-                             "warmup")
+                             f"--warmup_iters={args.warmup_iters} (the decay follows the warmup)")
 
 
 # ---- evaluation and the printed lines
@@ -154,7 +152,7 @@ def state_turn(model, x, n_loop, ctx):
     """The angle in degrees between h_{k-1} and h_k (h_0 = e) at each loop, mean over tokens: the
     larger ||h||, the less a pass of roughly fixed size can turn the state, and the prediction."""
     model.eval()
-    turns, h_prev = [], None
+    turns = []
     with ctx:
         h_prev = model.embed(x)
         for _, h in model.loops(h_prev, n_loop):
@@ -177,7 +175,7 @@ def eval_line(record, K):
 # ---- what python -m lab.train changes (a design's model, depth, DDP note, compile, logged values)
 
 class Hooks:
-    """train.py's own choices; lab/train.py's subclass gives the designs' instead."""
+    """A plain run's choices; lab/train.py's subclass answers for designs (skip on a first read)."""
     Config = LoopedConfig  # its fields are the model's flags, which a resumed run keeps
 
     def model_config(self, args, vocab_size):  # model_config above; the lab's picks a design
@@ -189,7 +187,8 @@ class Hooks:
     def unused_parameters(self, config):  # may a step leave a parameter without a gradient?
         return config.recurrence == 'normed' and config.n_loop == 1  # inter_norm, never run
 
-    def compile(self, model):  # each layer, and the head's matmul with its cross-entropy
+    def compile(self, model):  # each layer, and the head's matmul with its cross-entropy, fused:
+        # compiled, head_loss keeps no float32 copy of the logits (eager, the cross-entropy does)
         for block in model.blocks:  # the loop stays Python, so any K reuses the compiled layers
             block.compile()
         model.head_loss = torch.compile(model.head_loss)  # an attribute shadows the method
@@ -208,10 +207,10 @@ def eval_record(model, step, batches, ctx, hooks, out_dir):
     non-finite loss at any depth stops the run."""
     K = model.config.n_loop
     val_loss, val_norm = evaluate(model, batches['val'], 2 * K, ctx)
-    bad = [k + 1 for k, v in enumerate(val_loss) if not math.isfinite(v)]
-    if bad:
-        raise InputError(f"validation loss is {val_loss[bad[0] - 1]} at depth {bad[0]} at step "
-                         f"{step}; stopping, {kept(out_dir)}")
+    for k, v in enumerate(val_loss, 1):  # k: the depth
+        if not math.isfinite(v):
+            raise InputError(f"validation loss is {v} at depth {k} at step {step}; stopping, "
+                             f"{kept(out_dir)}")
     train_loss = evaluate(model, batches['train'], K, ctx)[0][K - 1]
     x, y = batches['val'][0]  # the first validation batch: the turn, and what a design learned
     return {'step': step, 'train_loss': train_loss, 'val_loss': val_loss,
@@ -244,10 +243,10 @@ def setup(args, given, hooks):
     """The Run the flags describe, all of it checked before out_dir is written: bad input never
     harms an earlier run. Resumed, the model, optimizer and batch order are the checkpoint's."""
     # the device, dtype and compile that 'auto' means here; several processes under torchrun
-    device, dtype, compile, ctx, rank, world = start_processes(args.device, args.dtype,
-                                                               args.compile)
+    device, dtype, use_compile, ctx, rank, world = start_processes(args.device, args.dtype,
+                                                                   args.compile)
     say = print if rank == 0 else (lambda *a, **k: None)
-    say(f"device: {device} | dtype: {dtype} | compile: {compile}"
+    say(f"device: {device} | dtype: {dtype} | compile: {use_compile}"
         + (' (auto: on for CUDA only)' if args.compile == 'auto' else '')
         + (f" | data parallel: {world} processes ({dist.get_backend()})" if world > 1 else ''))
     if args.grad_accum is not None and args.grad_accum % world:
@@ -271,7 +270,7 @@ def setup(args, given, hooks):
         if rank > 0:  # only rank 0's batch order is saved; the others draw a fresh one
             data.gen.manual_seed(args.seed + rank + 1000003 * ckpt['step'])
     model = raw_model
-    if compile:
+    if use_compile:
         hooks.compile(raw_model)
     if world > 1:  # gradients averaged in backward; told if a step may leave some without one
         model = DDP(raw_model, device_ids=[torch.device(device)] if kind == 'cuda' else None,
@@ -281,9 +280,10 @@ def setup(args, given, hooks):
 
 
 def begin_log(run):
-    """Rank 0 locks out_dir for the run's life (a second run into it is refused here), checks that
-    the command may write there (no link planted, no run it would replace) and begins or
-    reconciles its log. Returns (the lock, or None on other ranks, the run's id)."""
+    """Through open_log (plumbing/run.py), rank 0 locks out_dir for the run's life (a second run
+    into it is refused there), checks that the command may write there (no link planted, no run it
+    would replace) and begins or reconciles its log. Returns (the lock, or None on other ranks,
+    the run's id)."""
     args, c = run.args, run.raw_model.config
     n_params, B = run.raw_model.num_params(), args.batch_size * run.micro_steps * run.world
     run.say(f"{args.out_dir}: {type(run.raw_model).__name__}, {n_params:,} parameters, "
@@ -310,13 +310,16 @@ def save(run, step, best_val_loss, last_eval_step, record, run_id):
             'args': vars(run.args), 'step': step, 'best_val_loss': best_val_loss,
             'last_eval_step': last_eval_step, 'record': record, 'meta': run.data.meta,
             'data': run.data.identity, 'rng': rng, 'run_id': run_id}, step)
+    if run.world > 1:  # no process goes on, or exits, before it is written: torchrun kills the rest
+        dist.barrier()
 
 
 def main(argv=None, parser=None, hooks=Hooks(), out_dir_of=None):
     """One run: python train.py's; lab/train.py passes its parser, hooks and run folders' names. A
     check of what the user gave (InputError) prints one line; anything else is a bug: its traceback
     shows."""
-    # the flags (--config's values under those typed, each checked) and the set of those typed
+    # Parser.parse, not argparse's: (the flags, with --config's values under those typed, each
+    # checked; the set of flags typed); out_dir_of names the run folder when --out_dir is unset
     args, given = (parser or get_parser()).parse(argv, out_dir_of)
     lock, ok = None, False
     try:
@@ -387,9 +390,9 @@ def train(run, hooks, run_id):
             if args.grad_clip > 0:
                 scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
                 torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
-            scale = scaler.get_scale() if scaler.is_enabled() else None
+            scale = scaler.get_scale()  # float16: update() lowers it after a step it skipped
             scaler.step(optimizer)
-            scaler.update()  # a lower scale after it: the step was skipped
+            scaler.update()
             optimizer.zero_grad(set_to_none=True)
             step += 1
             # ---- the bookkeeping: processes agree, divergence stops, progress, Ctrl-C saves
@@ -397,7 +400,7 @@ def train(run, hooks, run_id):
             if run.world > 1:  # every process the same loss and the same stop, or they hang
                 step_loss, step_ce, stop = sync_processes(step_loss, step_ce, stop, run.world)
             losses.append(step_loss)  # a non-finite loss is a divergence, always
-            progress.count(step_loss, step_ce, scale is not None and scaler.get_scale() < scale)
+            progress.count(step_loss, step_ce, skipped=scaler.get_scale() < scale)
             log_step = step % args.log_interval == 0 or step == args.max_iters
             # before a log line, an evaluation or a stop, one sync reads the losses since the last
             if log_step or step % args.eval_interval == 0 or stop or run.world > 1:
@@ -407,8 +410,6 @@ def train(run, hooks, run_id):
                 say(progress.line(step, args.max_iters, stats['hidden_norm'][-1].item(), drawn))
             if stop:
                 save(run, step, best_val_loss, last_eval_step, record, run_id)
-                if run.world > 1:  # no process exits before the save: torchrun kills the rest
-                    dist.barrier()
                 say(f"saved {os.path.join(args.out_dir, 'ckpt.pt')} at step {step}; continue "
                     "with the same flags plus --resume", flush=True)
                 sys.exit(130)

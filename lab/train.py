@@ -12,6 +12,7 @@ designs (Designs). With no design flag off its default the run is train.py's own
 same log and checkpoint, bit for bit.
 """
 
+import argparse
 from dataclasses import fields
 
 import train
@@ -32,13 +33,20 @@ def get_parser():
         if action.dest in ('supervision', 'recurrence'):
             action.choices = CHOICES[action.dest]
     add_design_flags(p)
+    p.set_defaults(tie_weights=None)  # unset: tied, or untied under --init=gpt2 (as nanochat's)
+    for action in p._actions:
+        if action.dest == 'tie_weights':
+            action.help = "the head shares the token embedding's weight (unset: tied, untied " \
+                "under --init=gpt2)"
     return p
 
 
 def model_config(args, vocab_size=65):
     """(class, config): train.py's LoopedGPT where no design is asked, else DesignedGPT."""
-    if not designs_asked(args):
-        return train.model_config(args, vocab_size)
+    if not designs_asked(args):  # train.py's model: an unset tie_weights is its default, tied
+        tied = args.tie_weights is not False
+        return train.model_config(argparse.Namespace(**{**vars(args), 'tie_weights': tied}),
+                                  vocab_size)
     values = {f.name: getattr(args, f.name) for f in fields(DesignConfig) if f.name != 'vocab_size'}
     if args.tie_weights is None:  # unset: tied as the authors', untied as nanochat's under gpt2
         values['tie_weights'] = args.init != 'gpt2'
