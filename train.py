@@ -28,7 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from data.loader import Data
+from data.loader import eval_batches, get_batch, load_data
 from data.common import InputError
 from looped import CHOICES, ConfigError, LoopedConfig, LoopedGPT
 # the run's plumbing: parser, device and processes, Ctrl-C, progress line, run folder's files
@@ -229,7 +229,10 @@ class Run:
     model: nn.Module  # what a step calls: raw_model itself, or raw_model wrapped by DDP
     optimizer: torch.optim.Optimizer  # AdamW
     scaler: torch.amp.GradScaler  # float16's loss scaling; a pass-through otherwise
-    data: Data  # the batches, and the seeded generator that draws them
+    splits: dict  # 'train' and 'val': each split's token ids, uint16 arrays read as needed
+    gen: torch.Generator  # draws the training windows: seeded, saved and restored (exact resume)
+    meta: dict  # the vocabulary, kept in the checkpoint so that sample.py needs no data folder
+    identity: dict  # the data's path, sizes and hashes: a checkpoint is read with its data only
     ctx: object  # autocast to bf16 or float16, or nothing
     device: str  # 'cpu', 'cuda:0', 'mps'
     rank: int  # this process of world (torchrun); 0 of 1 alone
@@ -242,7 +245,6 @@ class Run:
 def setup(args, given, hooks):
     """The Run the flags describe, all of it checked before out_dir is written: bad input never
     harms an earlier run. Resumed, the model, optimizer and batch order are the checkpoint's."""
-    # the device, dtype and compile that 'auto' means here; several processes under torchrun
     device, dtype, use_compile, ctx, rank, world = start_processes(args.device, args.dtype,
                                                                    args.compile)
     say = print if rank == 0 else (lambda *a, **k: None)
@@ -250,40 +252,37 @@ def setup(args, given, hooks):
         + (' (auto: on for CUDA only)' if args.compile == 'auto' else '')
         + (f" | data parallel: {world} processes ({dist.get_backend()})" if world > 1 else ''))
     if args.grad_accum is not None and args.grad_accum % world:
-        raise InputError(f"--grad_accum={args.grad_accum} is not a multiple of the {world} "
-                         "processes")
+        raise InputError(f"--grad_accum={args.grad_accum} is not a multiple of {world} processes")
     micro_steps = 1 if args.grad_accum is None else args.grad_accum // world
-    # --resume: args take the checkpoint's model, data, seed and schedule (a clash is refused)
     ckpt = resume_args(args, given, device, fields(hooks.Config)) if args.resume else None
-    data = Data(args.dataset, args.block_size, args.batch_size, device, args.seed + rank)
-    Model, config = hooks.model_config(args, data.meta['vocab_size'])
-    # sets args.max_iters under --epochs, and lr_decay_iters and min_lr under --decay_lr
-    resolve_schedule(args, len(data.splits['train']), config.block_size,
+    meta, splits, identity = load_data(args.dataset, args.block_size, ckpt)  # all checked
+    gen = torch.Generator().manual_seed(args.seed + rank)  # the order of the training windows
+    Model, config = hooks.model_config(args, meta['vocab_size'])
+    resolve_schedule(args, len(splits['train']), config.block_size,
                      args.batch_size * micro_steps * world, say)
     torch.manual_seed(args.seed)
     raw_model = Model(config).to(device)
     kind = device.split(':')[0]  # 'cuda', 'cpu' or 'mps': the fused AdamW and the scaler ask
     optimizer = raw_model.configure_optimizers(args.weight_decay, args.learning_rate, kind)
     scaler = torch.amp.GradScaler(kind, enabled=dtype == 'float16')
-    if ckpt is not None:  # only if it was trained on these data (checked first)
-        restore(ckpt, raw_model, optimizer, scaler, data, device)
+    if ckpt is not None:  # trained on these data (load_data checked)
+        restore(ckpt, raw_model, optimizer, scaler, gen, device)
         if rank > 0:  # only rank 0's batch order is saved; the others draw a fresh one
-            data.gen.manual_seed(args.seed + rank + 1000003 * ckpt['step'])
+            gen.manual_seed(args.seed + rank + 1000003 * ckpt['step'])
     model = raw_model
     if use_compile:
         hooks.compile(raw_model)
     if world > 1:  # gradients averaged in backward; told if a step may leave some without one
         model = DDP(raw_model, device_ids=[torch.device(device)] if kind == 'cuda' else None,
                     find_unused_parameters=hooks.unused_parameters(config))
-    return Run(args, raw_model, model, optimizer, scaler, data, ctx, device, rank, world, say,
-               micro_steps, ckpt)
+    return Run(args, raw_model, model, optimizer, scaler, splits, gen, meta, identity, ctx, device,
+               rank, world, say, micro_steps, ckpt)
 
 
 def begin_log(run):
-    """Through open_log (plumbing/run.py), rank 0 locks out_dir for the run's life (a second run
-    into it is refused there), checks that the command may write there (no link planted, no run it
-    would replace) and begins or reconciles its log. Returns (the lock, or None on other ranks,
-    the run's id)."""
+    """Rank 0 locks out_dir for the run's life through open_log (a second run is refused there),
+    which checks that the run may write there and begins or reconciles its log. Returns (the lock,
+    or None on other ranks, the run's id)."""
     args, c = run.args, run.raw_model.config
     n_params, B = run.raw_model.num_params(), args.batch_size * run.micro_steps * run.world
     run.say(f"{args.out_dir}: {type(run.raw_model).__name__}, {n_params:,} parameters, "
@@ -295,29 +294,28 @@ def begin_log(run):
     if run.rank > 0:
         return None, run.ckpt and run.ckpt.get('run_id')
     header = {'config': {**vars(args), 'model': c.to_dict(), 'num_params': n_params},
-              'data': run.data.identity}
+              'data': run.identity}
     return open_log(args.out_dir, args.resume, args.overwrite, run.ckpt, header)
 
 
 def save(run, step, best_val_loss, last_eval_step, record, run_id):
     """ckpt.pt: enough to continue exactly, and to sample without the data folder."""
-    rng = {'torch': torch.get_rng_state(), 'batches': run.data.gen.get_state(),
+    rng = {'torch': torch.get_rng_state(), 'batches': run.gen.get_state(),
            'cuda': torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
     if run.rank == 0:  # the other processes hold the same weights
         save_checkpoint(os.path.join(run.args.out_dir, 'ckpt.pt'), {
             'model': run.raw_model.state_dict(), 'optimizer': run.optimizer.state_dict(),
             'scaler': run.scaler.state_dict(), 'config': run.raw_model.config.to_dict(),
             'args': vars(run.args), 'step': step, 'best_val_loss': best_val_loss,
-            'last_eval_step': last_eval_step, 'record': record, 'meta': run.data.meta,
-            'data': run.data.identity, 'rng': rng, 'run_id': run_id}, step)
+            'last_eval_step': last_eval_step, 'record': record, 'meta': run.meta,
+            'data': run.identity, 'rng': rng, 'run_id': run_id}, step)
     if run.world > 1:  # no process goes on, or exits, before it is written: torchrun kills the rest
         dist.barrier()
 
 
 def main(argv=None, parser=None, hooks=Hooks(), out_dir_of=None):
-    """One run: python train.py's; lab/train.py passes its parser, hooks and run folders' names. A
-    check of what the user gave (InputError) prints one line; anything else is a bug: its traceback
-    shows."""
+    """One run (lab/train.py passes its parser, hooks and run names). A check of what the user gave
+    (InputError) prints one line; anything else is a bug, and its traceback shows."""
     # Parser.parse, not argparse's: (the flags, with --config's values under those typed, each
     # checked; the set of flags typed); out_dir_of names the run folder when --out_dir is unset
     args, given = (parser or get_parser()).parse(argv, out_dir_of)
@@ -340,18 +338,17 @@ def main(argv=None, parser=None, hooks=Hooks(), out_dir_of=None):
 def train(run, hooks, run_id):
     """The loop: every eval_interval steps evaluate, save, then log; every step a batch through
     forward, backward, clip and AdamW; every log_interval steps a progress line. Ctrl-C saves."""
-    args, model, optimizer, scaler, data = run.args, run.model, run.optimizer, run.scaler, run.data
-    say, K = run.say, run.raw_model.config.n_loop
+    args, model, optimizer, scaler, say = run.args, run.model, run.optimizer, run.scaler, run.say
+    K, T, B = run.raw_model.config.n_loop, run.raw_model.config.block_size, args.batch_size
     step, best_val_loss, last_eval_step, record = 0, float('inf'), -1, None
     if run.ckpt is not None:  # where the resumed run stood
         step, best_val_loss = run.ckpt['step'], run.ckpt['best_val_loss']
         last_eval_step, record = run.ckpt['last_eval_step'], run.ckpt.get('record')
         say(f"resuming {args.out_dir} at step {step} (model config from the checkpoint)")
         if step >= args.max_iters:  # nothing left to do
-            return say(f"{args.out_dir} is finished at step {step}; pass a larger --max_iters "
-                       "to continue it")
-    batches = {split: data.fixed_batches(split, args.eval_iters) for split in ('val', 'train')}
-    tokens = args.batch_size * run.micro_steps * run.world * run.raw_model.config.block_size
+            return say(f"{args.out_dir} is finished at step {step}; a larger --max_iters goes on")
+    batches = eval_batches(run.splits, args.eval_iters, B, T, run.device)  # the same every time
+    tokens = B * run.micro_steps * run.world * T
     progress = Progress(step, tokens, run.raw_model.flops_per_token(), run.device)
     t_start = time.time()  # for the log's elapsed_s (a resumed run's clock starts again)
     losses = []  # the training losses since the last check that they are finite
@@ -379,7 +376,8 @@ def train(run, hooks, run_id):
             drawn = hooks.depth(run.raw_model, args.seed, step)  # None: K (a lab design draws)
             step_loss = step_ce = 0.0
             for micro in range(run.micro_steps):
-                x, y = data.train_batch()
+                starts = torch.randint(len(run.splits['train']) - T - 1, (B,), generator=run.gen)
+                x, y = get_batch(run.splits['train'], starts, T, run.device)
                 if run.world > 1:  # all-reduce the gradients after the last micro-step only
                     model.require_backward_grad_sync = micro == run.micro_steps - 1
                 with run.ctx:

@@ -1,9 +1,9 @@
 """
-The loader train.py reads its data with: find a dataset (by name or folder; the default one is
-prepared on first use), read it back with every check, and cut it into batches: random training
-windows drawn from a seeded generator (saved in the checkpoint, for an exact resume) and fixed
-evaluation windows, the same at every evaluation. A checkpoint is only ever read with the data it
-was trained on (check_same_data).
+The loader train.py reads its data with (load_data): find a dataset (by name or folder; the
+default one is prepared on first use) and read it back with every check; and the batches: the
+windows that begin at given positions (get_batch; train.py draws the training ones from its seeded
+generator) and the fixed evaluation windows (eval_batches). A checkpoint is only ever read with the
+data it was trained on (check_same_data).
 """
 
 import io
@@ -147,37 +147,41 @@ def check_same_data(ckpt, meta, identity, name):
                          "new run")
 
 
-class Data:
-    """train.bin / val.bin as uint16 arrays, random training windows, fixed evaluation windows."""
-    def __init__(self, dataset, block_size, batch_size, device, seed):  # dataset: name or folder
-        self.folder = find_dataset(dataset)
-        self.meta, self.splits, self.identity = read_dataset(self.folder)  # all checked
-        self.T, self.B, self.device = block_size, batch_size, device
-        for split, data in self.splits.items():
-            if len(data) <= block_size + 1:
-                raise InputError(f"{self.folder}/{split}.bin has {len(data)} tokens, too few for "
-                                 f"block_size={block_size}")
-        self.gen = torch.Generator().manual_seed(seed)  # saved in the checkpoint, for exact resume
+def load_data(dataset, block_size, ckpt=None):
+    """(meta, {'train': ..., 'val': ...} uint16 token arrays, identity) of a dataset, given by name
+    or folder, every check done: the files (read_dataset), enough tokens in each split for one
+    window of block_size + 1 and, given the checkpoint a run continues, that it was trained on
+    these data. train.py cuts its batches from the arrays. InputError in one line otherwise."""
+    folder = find_dataset(dataset)
+    meta, splits, identity = read_dataset(folder)
+    for split, tokens in splits.items():
+        if len(tokens) <= block_size + 1:
+            raise InputError(f"{folder}/{split}.bin has {len(tokens)} tokens, too few for "
+                             f"block_size={block_size}")
+    if ckpt is not None:
+        check_same_data(ckpt, meta, identity, 'the checkpoint being resumed')
+    return meta, splits, identity
 
-    def _batch(self, data, starts):
-        # one fancy-indexing gather of (B, T + 1) windows: 10x faster than stacking B slices
-        windows = np.asarray(starts)[:, None] + np.arange(self.T + 1)
-        w = torch.from_numpy(data[windows].astype(np.int64))
-        x, y = w[:, :-1], w[:, 1:]  # (B, T) each: y is x shifted by one
-        if self.device.startswith('cuda'):  # pinned memory: the copy overlaps with the GPU's work
-            return (x.pin_memory().to(self.device, non_blocking=True),
-                    y.pin_memory().to(self.device, non_blocking=True))
-        return x.to(self.device), y.to(self.device)
 
-    def train_batch(self):
-        data = self.splits['train']
-        starts = torch.randint(len(data) - self.T - 1, (self.B,), generator=self.gen).numpy()
-        return self._batch(data, starts)
+# ---- the batches: windows of T + 1 tokens, x the first T and y the last T (x shifted by one)
 
-    def fixed_batches(self, split, n_batches):
-        """Up to n_batches batches of windows spread evenly over the split, the same in every
-        evaluation; no more windows than fit without overlap (so a tiny split stays cheap)."""
-        data = self.splits[split]
-        n = max(1, min(n_batches * self.B, (len(data) - 1) // self.T))
-        starts = np.linspace(0, len(data) - self.T - 1, n).astype(np.int64).tolist()
-        return [self._batch(data, starts[i:i + self.B]) for i in range(0, n, self.B)]
+def get_batch(data, starts, T, device):
+    """x, y (B, T): the windows of data (a split's uint16 token ids) beginning at starts (B,)."""
+    windows = np.asarray(starts)[:, None] + np.arange(T + 1)  # (B, T + 1): one gather, not B slices
+    w = torch.from_numpy(data[windows].astype(np.int64))
+    x, y = w[:, :-1], w[:, 1:]
+    if device.startswith('cuda'):  # pinned memory: the copy overlaps with the GPU's work
+        return (x.pin_memory().to(device, non_blocking=True),
+                y.pin_memory().to(device, non_blocking=True))
+    return x.to(device), y.to(device)
+
+
+def eval_batches(splits, n_batches, B, T, device):
+    """{split: up to n_batches batches}, each split's windows spread evenly over it, the same at
+    every evaluation; no more windows than fit without overlap (so a tiny split stays cheap)."""
+    batches = {}
+    for split, data in splits.items():
+        n = max(1, min(n_batches * B, (len(data) - 1) // T))
+        starts = np.linspace(0, len(data) - T - 1, n).astype(np.int64)
+        batches[split] = [get_batch(data, starts[i:i + B], T, device) for i in range(0, n, B)]
+    return batches

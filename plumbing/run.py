@@ -27,7 +27,6 @@ import torch
 import torch.distributed as dist
 
 from data.common import InputError, write_atomically
-from data.loader import check_same_data
 
 # ---- the presets
 
@@ -427,11 +426,10 @@ def load_weights(model, state, path):
     model.load_state_dict(state)
 
 
-def restore(ckpt, model, optimizer, scaler, data, device):
-    """Weights, optimizer, scaler and random states from a checkpoint, once its data are found to
-    be the run's (where training stood, the step and the last record, is the checkpoint's to
-    read)."""
-    check_same_data(ckpt, data.meta, data.identity, 'the checkpoint being resumed')
+def restore(ckpt, model, optimizer, scaler, gen, device):
+    """Weights, optimizer, scaler and random states (gen: the batches' generator) from a checkpoint
+    of these data (load_data checked it); where training stood, the step and the last record, is
+    the checkpoint's to read."""
     load_weights(model, ckpt['model'], 'the checkpoint being resumed')
     if list(ckpt['model']) != list(model.state_dict()):  # the optimizer state goes by order
         raise InputError("the checkpoint's parameters are in another order than this model's, "
@@ -440,7 +438,7 @@ def restore(ckpt, model, optimizer, scaler, data, device):
     if ckpt.get('scaler') and scaler.is_enabled():
         scaler.load_state_dict(ckpt['scaler'])
     torch.set_rng_state(ckpt['rng']['torch'].cpu())
-    data.gen.set_state(ckpt['rng']['batches'].cpu())
+    gen.set_state(ckpt['rng']['batches'].cpu())
     if ckpt['rng']['cuda'] is not None and device.startswith('cuda'):
         torch.cuda.set_rng_state_all([s.cpu() for s in ckpt['rng']['cuda']])
 

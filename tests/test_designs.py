@@ -472,14 +472,12 @@ def test_parameters_are_registered_in_the_order_the_committed_runs_trained_in():
 def test_a_checkpoint_whose_parameters_are_in_another_order_is_refused_on_resume():
     """Its optimizer state, saved by position, would land on the wrong parameters: one line, not a silent resume."""
     from collections import OrderedDict
-    from types import SimpleNamespace
     from plumbing.run import restore
     model = tiny(n_prelude=1)
     state = model.state_dict()
     shuffled = OrderedDict(reversed(list(state.items())))
     with pytest.raises(ValueError, match='another order'):
-        data = SimpleNamespace(meta={}, identity={'path': 'the same data'})  # found the checkpoint's
-        restore({'model': shuffled, 'meta': {}}, model, None, None, data, 'cpu')
+        restore({'model': shuffled, 'meta': {}}, model, None, None, torch.Generator(), 'cpu')
 
 
 def test_the_jacobian_penalty_keeps_the_norm_penalty():

@@ -60,8 +60,8 @@ def test_a_split_of_exactly_block_size_plus_one_tokens_is_refused_in_one_line(tm
 
 
 def test_evaluation_windows_on_a_tiny_split_do_not_overlap(tmp_path):
-    data = train.Data(tiny_dataset(tmp_path / 'data', 200, 50), 16, 4, 'cpu', seed=0)
-    batches = data.fixed_batches('val', 8)  # 8 batches of 4 asked: 3 windows of 16 fit in 50 tokens
+    _, splits, _ = train.load_data(tiny_dataset(tmp_path / 'data', 200, 50), 16)
+    batches = train.eval_batches(splits, 8, 4, 16, 'cpu')['val']  # 8 of 4 asked: 3 windows of 16 fit in 50
     x = torch.cat([b[0] for b in batches])
     assert len(x) == 3
     starts = np.linspace(0, 50 - 16 - 1, 3).astype(int)

@@ -53,19 +53,21 @@ def lab_names(source):
     return names
 
 
-def test_train_py_takes_nothing_from_the_lab_and_at_most_16_names_from_data_and_plumbing():
+def test_train_py_takes_nothing_from_the_lab_and_at_most_18_names_from_data_and_plumbing():
     """What a single run needs beside its loop (the parser, the device, the run folder) is in plumbing/ and the
-    batches in data/, so train.py reads short; each name taken from there is a look-up, so their count is held."""
+    batches in data/, so train.py reads short; each name taken from there is a look-up, so their count is held.
+    (Members are look-ups too, and this leaves them out: data/ hands over plain functions and values, no object
+    whose members a reader must look up; plumbing/ hands over Parser, Progress and Interrupts.)"""
     with open(os.path.join(ROOT, 'train.py')) as f:
         source = f.read()
     assert not re.search(r'^\s*(from|import) lab\b', source, flags=re.M)
     names = lab_names(source)
-    assert len(names) <= 16, sorted(names)
+    assert len(names) <= 18, sorted(names)
 
 
 def test_the_name_count_counts_module_attributes():
-    source = "from lab import runs\nfrom data.loader import Data\nruns.Run(); runs.fail(); runs.Run"
-    assert lab_names(source) == {"runs", "Run", "fail", "Data"}
+    source = "from lab import runs\nfrom data.loader import load_data\nruns.Run(); runs.fail(); runs.Run"
+    assert lab_names(source) == {"runs", "Run", "fail", "load_data"}
 
 
 def test_train_py_and_looped_py_stay_short_enough_to_read():

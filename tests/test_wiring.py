@@ -3,6 +3,7 @@ behaviour breaking, and its name says which behaviour it was. (The end-to-end te
 some of these too, minutes later and under another name.)"""
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import train
+from data.common import write_dataset
 from lab.stats import paired_stats
 from lab.designs import CHOICES, DesignConfig, DesignedGPT
 from looped import Readout
@@ -41,13 +43,13 @@ def optimizer_steps(monkeypatch):
 @pytest.fixture
 def train_batches(monkeypatch):
     """Every training batch train.py draws, in order."""
-    seen, real = [], train.Data.train_batch
+    seen, real = [], train.get_batch  # train.py's loop calls it for training windows only
 
-    def spy(self):
-        x, y = real(self)
+    def spy(*args):
+        x, y = real(*args)
         seen.append((x.clone(), y.clone()))
         return x, y
-    monkeypatch.setattr(train.Data, 'train_batch', spy)
+    monkeypatch.setattr(train, 'get_batch', spy)
     return seen
 
 
@@ -70,9 +72,11 @@ def reference_gradients(params, x, y, **cfg):
 # ---- batches and evaluation data ------------------------------------------------------------------------------
 
 def test_batch_targets_are_the_next_tokens_of_the_inputs(small_data):
-    data = train.Data(small_data, 16, 4, 'cpu', seed=0)
-    tokens = torch.from_numpy(data.splits['train'].astype(np.int64))
-    for x, y in [data.train_batch(), *data.fixed_batches('train', 2)]:
+    _, splits, _ = train.load_data(small_data, 16)
+    tokens = torch.from_numpy(splits['train'].astype(np.int64))
+    starts = torch.randint(len(tokens) - 17, (4,), generator=torch.Generator().manual_seed(0))
+    for x, y in [train.get_batch(splits['train'], starts, 16, 'cpu'),
+                 *train.eval_batches(splits, 2, 4, 16, 'cpu')['train']]:
         assert x.shape == y.shape == (len(x), 16)
         assert torch.equal(y[:, :-1], x[:, 1:])
         for row_x, row_y in zip(x, y):  # each window is a contiguous stretch of the split, its target one further
@@ -80,28 +84,34 @@ def test_batch_targets_are_the_next_tokens_of_the_inputs(small_data):
             assert any(torch.equal(tokens[s + 1:s + 17], row_y) for s in starts)
 
 
-def test_evaluation_reads_the_validation_split(small_data, tmp_path, monkeypatch):
-    """train.py's validation loss is computed on val.bin's windows (and its train loss on train.bin's)."""
+def test_evaluation_reads_the_validation_split(tmp_path, monkeypatch):
+    """train.py's validation loss is computed on val.bin's windows (and its train loss on train.bin's): on
+    splits that differ at any start, so that reading the wrong one at the right places shows."""
+    data = str(tmp_path / 'data')
+    os.makedirs(data)
+    write_dataset(data, np.arange(400) % 5, (2 * np.arange(200) + 1) % 5,
+                  {'vocab_size': 5, 'itos': {i: chr(97 + i) for i in range(5)}})
     calls, real = [], train.evaluate
 
     def spy(model, batches, n_loop, ctx):
         calls.append(batches)
         return real(model, batches, n_loop, ctx)
     monkeypatch.setattr(train, 'evaluate', spy)
-    one_step(small_data, tmp_path, '--batch_size=4')
-    data = train.Data(small_data, 16, 4, 'cpu', seed=0)
-    val, trn = data.fixed_batches('val', 2), data.fixed_batches('train', 2)
-    same = lambda a, b: len(a) == len(b) and all(torch.equal(p[0], q[0]) and torch.equal(p[1], q[1])
-                                                 for p, q in zip(a, b))
-    assert not same(val, trn)  # the two splits give different windows, so the check below can tell them apart
-    assert same(calls[0], val), 'the first evaluation (the validation loss) did not read the val split'
-    assert same(calls[1], trn), 'the second evaluation (the train loss) did not read the train split'
+    one_step(data, tmp_path, '--batch_size=4')
+    _, splits, _ = train.load_data(data, 16)
+
+    def windows(split, n):  # n windows of 16 spread evenly over the split, computed here by hand
+        starts = np.linspace(0, len(splits[split]) - 17, n).astype(np.int64)
+        return torch.from_numpy(splits[split][starts[:, None] + np.arange(16)].astype(np.int64))
+    val, trn = (torch.cat([x for x, _ in batches]) for batches in calls[:2])
+    assert not torch.equal(windows('val', len(val)), windows('train', len(val)))  # the splits can be told apart
+    assert torch.equal(val, windows('val', len(val))), 'the validation loss did not read the val split'
+    assert torch.equal(trn, windows('train', len(trn))), 'the train loss did not read the train split'
 
 
 def test_evaluate_turns_dropout_off_and_back_on(small_data):
     model = tiny(dropout=0.5).train()
-    data = train.Data(small_data, 16, 4, 'cpu', seed=0)
-    batches = data.fixed_batches('val', 2)
+    batches = train.eval_batches(train.load_data(small_data, 16)[1], 2, 4, 16, 'cpu')['val']
     ce1, _ = train.evaluate(model, batches, 2, torch.no_grad())
     assert model.training, 'evaluate() left the model in eval mode: training would continue without dropout'
     ce2, _ = train.evaluate(model, batches, 2, torch.no_grad())
