@@ -19,7 +19,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Callable
 
 import torch
@@ -293,7 +293,7 @@ def begin_log(run):
         dist.barrier()
     if run.rank > 0:
         return None, run.ckpt and run.ckpt.get('run_id')
-    header = {'config': {**vars(args), 'model': c.to_dict(), 'num_params': n_params},
+    header = {'config': {**vars(args), 'model': asdict(c), 'num_params': n_params},
               'data': run.identity}
     return open_log(args.out_dir, args.resume, args.overwrite, run.ckpt, header)
 
@@ -305,7 +305,7 @@ def save(run, step, best_val_loss, last_eval_step, record, run_id):
     if run.rank == 0:  # the other processes hold the same weights
         save_checkpoint(os.path.join(run.args.out_dir, 'ckpt.pt'), {
             'model': run.raw_model.state_dict(), 'optimizer': run.optimizer.state_dict(),
-            'scaler': run.scaler.state_dict(), 'config': run.raw_model.config.to_dict(),
+            'scaler': run.scaler.state_dict(), 'config': asdict(run.raw_model.config),
             'args': vars(run.args), 'step': step, 'best_val_loss': best_val_loss,
             'last_eval_step': last_eval_step, 'record': record, 'meta': run.meta,
             'data': run.identity, 'rng': rng, 'run_id': run_id}, step)
