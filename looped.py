@@ -311,7 +311,7 @@ class LoopedGPT(nn.Module):
             states.append(h)
             if targets is None:
                 continue
-            if k < K:  # recomputed in backward: K copies of a large vocab's logits would not fit
+            if k < K:  # recomputed in backward: K copies of a 50k-token vocab's logits won't fit
                 ce = checkpoint(self.loop_loss, h, k, targets, use_reentrant=False)[1]
             else:
                 logits, ce = self.loop_loss(h, k, targets)             # (B, T, V), returned
@@ -343,8 +343,8 @@ class LoopedGPT(nn.Module):
                  exit_rule=None, exit_threshold=None, return_depths=False):
         """Append max_new_tokens sampled tokens to idx (B, T), each from its window run through
         n_loop loops (the trained K unless set), or up to the first whose exit rule passes. The
-        window grows to block_size tokens, then restarts from its newest half (nanoGPT's slides,
-        shifting every position): a KV cache stays valid so (lab/engine.py). return_depths: each
+        window grows to block_size tokens, then restarts from its newest half: unlike nanoGPT's,
+        which slides by one, this window keeps a KV cache valid (lab/engine.py). return_depths: each
         token's exit loop too."""
         K, block = n_loop or self.config.n_loop, self.config.block_size
         start, depths = max(0, idx.size(1) - block), []

@@ -33,8 +33,8 @@ from data.common import InputError
 from looped import CHOICES, ConfigError, LoopedConfig, LoopedGPT
 # the run's plumbing: parser, device and processes, Ctrl-C, progress line, run folder's files
 from plumbing.run import (Interrupts, Parser, Progress, check_finite, check_replicas, end_processes,
-                          kept, log_record, open_log, restore, resume_args, save_checkpoint,
-                          start_processes, sync_processes)
+                          log_record, open_log, restore, resume_args, save_checkpoint,
+                          start_processes, sync_processes, what_is_kept)
 
 # ---- flags: the paper's model, training, evaluation, the system (presets: plumbing/run.py)
 
@@ -175,7 +175,7 @@ def eval_line(record, K):
 # ---- what python -m lab.train changes (a design's model, depth, DDP note, compile, logged values)
 
 class Hooks:
-    """A plain run's choices; lab/train.py's subclass answers for designs (skip on a first read)."""
+    """What every plain run uses; lab/train.py's subclass gives the designs' answers instead."""
     Config = LoopedConfig  # its fields are the model's flags, which a resumed run keeps
 
     def model_config(self, args, vocab_size):  # model_config above; the lab's picks a design
@@ -210,7 +210,7 @@ def eval_record(model, step, batches, ctx, hooks, out_dir):
     for k, v in enumerate(val_loss, 1):  # k: the depth
         if not math.isfinite(v):
             raise InputError(f"validation loss is {v} at depth {k} at step {step}; stopping, "
-                             f"{kept(out_dir)}")
+                             f"{what_is_kept(out_dir)}")
     train_loss = evaluate(model, batches['train'], K, ctx)[0][K - 1]
     x, y = batches['val'][0]  # the first validation batch: the turn, and what a design learned
     return {'step': step, 'train_loss': train_loss, 'val_loss': val_loss,
@@ -313,28 +313,6 @@ def save(run, step, best_val_loss, last_eval_step, record, run_id):
         dist.barrier()
 
 
-def main(argv=None, parser=None, hooks=Hooks(), out_dir_of=None):
-    """One run (lab/train.py passes its parser, hooks and run names). A check of what the user gave
-    (InputError) prints one line; anything else is a bug, and its traceback shows."""
-    # Parser.parse, not argparse's: (the flags, with --config's values under those typed, each
-    # checked; the set of flags typed); out_dir_of names the run folder when --out_dir is unset
-    args, given = (parser or get_parser()).parse(argv, out_dir_of)
-    lock, ok = None, False
-    try:
-        run = setup(args, given, hooks)
-        lock, run_id = begin_log(run)
-        train(run, hooks, run_id)
-        if run.world > 1:
-            check_replicas(run.raw_model, run.world, run.device, run.say)
-        ok = True
-    except InputError as e:  # one line on stderr and exit status 1, as the parser's errors
-        sys.exit(f"train.py: error: {e}")
-    finally:
-        if lock is not None:  # the folder free for the next run
-            os.close(lock)
-        end_processes(ok)
-
-
 def train(run, hooks, run_id):
     """The loop: every eval_interval steps evaluate, save, then log; every step a batch through
     forward, backward, clip and AdamW; every log_interval steps a progress line. Ctrl-C saves."""
@@ -414,6 +392,28 @@ def train(run, hooks, run_id):
     say(f"done: {step} steps in {time.time() - t_start:.0f} s; final ||h_K|| "
         f"{record['hidden_norm'][K - 1]:.1f}, val loss {record['val_loss'][K - 1]:.4f}; "
         f"log {os.path.join(args.out_dir, 'log.jsonl')}")
+
+
+def main(argv=None, parser=None, hooks=Hooks(), out_dir_of=None):
+    """One run (lab/train.py passes its parser, hooks and run names). A check of what the user gave
+    (InputError) prints one line; anything else is a bug, and its traceback shows."""
+    # Parser.parse, not argparse's: (the flags, with --config's values under those typed, each
+    # checked; the set of flags typed); out_dir_of names the run folder when --out_dir is unset
+    args, given = (parser or get_parser()).parse(argv, out_dir_of)
+    lock, ok = None, False
+    try:
+        run = setup(args, given, hooks)
+        lock, run_id = begin_log(run)
+        train(run, hooks, run_id)
+        if run.world > 1:
+            check_replicas(run.raw_model, run.world, run.device, run.say)
+        ok = True
+    except InputError as e:  # one line on stderr and exit status 1, as the parser's errors
+        sys.exit(f"train.py: error: {e}")
+    finally:
+        if lock is not None:  # the folder free for the next run
+            os.close(lock)
+        end_processes(ok)
 
 
 if __name__ == '__main__':

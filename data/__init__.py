@@ -11,6 +11,6 @@ meta.json (the vocabulary, and a hash of each split), written by that folder's p
                                                  # --hops lookups
 
 Any folder with those three files works too (or with nanoGPT's meta.pkl, read as plain data only):
-pass its path as --dataset. data/loader.py finds, checks and batches a dataset (train.py's Data);
+pass its path as --dataset. data/loader.py finds, checks and batches a dataset (load_data...);
 data/common.py holds what the prepare scripts share (downloading, writing).
 """

@@ -443,7 +443,7 @@ def restore(ckpt, model, optimizer, scaler, gen, device):
         torch.cuda.set_rng_state_all([s.cpu() for s in ckpt['rng']['cuda']])
 
 
-def kept(out_dir):  # what a failure leaves behind, in words
+def what_is_kept(out_dir):  # what a failure leaves behind, in words
     return (f"the last good checkpoint in {out_dir} is kept" if
             os.path.exists(os.path.join(out_dir, 'ckpt.pt')) else "no checkpoint was saved yet")
 
@@ -455,7 +455,7 @@ def check_finite(losses, step, out_dir):
     for i, v in enumerate(values):
         if not math.isfinite(v):
             raise InputError(f"training loss is {v} at step {step - len(values) + 1 + i}; "
-                             f"stopping, {kept(out_dir)} (try a lower --learning_rate)")
+                             f"stopping, {what_is_kept(out_dir)} (try a lower --learning_rate)")
 
 
 def open_log(out_dir, resume, overwrite, ckpt, header):
