@@ -68,9 +68,9 @@ def condition_name(model):
 
 
 def group_runs(runs, order=CONDITIONS):
-    """{condition: its runs}, in the order of `order`: runs whose configs differ only in seed,
-    folder or length are seeds of one condition (a name two settings share: [folder] added)."""
-    skip = ('seed', 'out_dir', 'resume', 'overwrite', 'max_iters')
+    """{condition: its runs}, in `order`: runs whose flags differ only in seed, folder, length or
+    tie_weights (the model's value counts) are one condition's seeds ([folder] marks a clash)."""
+    skip = ('seed', 'out_dir', 'resume', 'overwrite', 'max_iters', 'tie_weights')
     by_setting = {}
     for run in runs:
         setting = {k: v for k, v in run['config'].items() if k not in skip}

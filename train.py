@@ -32,9 +32,9 @@ from data.loader import eval_batches, get_batch, load_data
 from data.common import InputError
 from looped import CHOICES, ConfigError, LoopedConfig, LoopedGPT
 # the run's plumbing: parser, device and processes, Ctrl-C, progress line, run folder's files
-from plumbing.run import (Interrupts, Parser, Progress, check_finite, check_replicas, end_processes,
-                          log_record, open_log, restore, resume_args, save_checkpoint,
-                          start_processes, sync_processes, what_is_kept)
+from plumbing.run import (Interrupts, Parser, Progress, check_finite, check_folder, check_replicas,
+                          end_processes, log_record, open_log, restore, resume_args,
+                          save_checkpoint, start_processes, sync_processes, what_is_kept)
 
 # ---- flags: the paper's model, training, evaluation, the system (presets: plumbing/run.py)
 
@@ -187,8 +187,7 @@ class Hooks:
     def unused_parameters(self, config):  # may a step leave a parameter without a gradient?
         return config.recurrence == 'normed' and config.n_loop == 1  # inter_norm, never run
 
-    def compile(self, model):  # each layer, and the head's matmul with its cross-entropy, fused:
-        # compiled, head_loss keeps no float32 copy of the logits (eager, the cross-entropy does)
+    def compile(self, model):  # each layer; the head's matmul and cross-entropy fused (head_loss)
         for block in model.blocks:  # the loop stays Python, so any K reuses the compiled layers
             block.compile()
         model.head_loss = torch.compile(model.head_loss)  # an attribute shadows the method
@@ -222,8 +221,7 @@ def eval_record(model, step, batches, ctx, hooks, out_dir):
 
 @dataclass
 class Run:
-    """What the training loop works with, made once by setup() and never added to. Where training
-    stands (the step, the best loss, the last record) changes every step: the loop keeps it."""
+    """What the training loop works with, made once by setup(); the loop holds where it stands."""
     args: argparse.Namespace  # the flags, with a resumed run's and the schedule's values in them
     raw_model: nn.Module  # the model (its layers compiled in place by --compile): saved, evaluated
     model: nn.Module  # what a step calls: raw_model itself, or raw_model wrapped by DDP
@@ -260,6 +258,7 @@ def setup(args, given, hooks):
     Model, config = hooks.model_config(args, meta['vocab_size'])
     resolve_schedule(args, len(splits['train']), config.block_size,
                      args.batch_size * micro_steps * world, say)
+    check_folder(args.out_dir, args.resume, args.overwrite)  # every process, before any work
     torch.manual_seed(args.seed)
     raw_model = Model(config).to(device)
     kind = device.split(':')[0]  # 'cuda', 'cpu' or 'mps': the fused AdamW and the scaler ask

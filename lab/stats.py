@@ -167,7 +167,9 @@ def default_reference(names):
 def setting(run):
     """A run's configuration without its condition, seed and folder: a condition's run and the reference's run of
     one seed are a pair only where these agree (model size, data, learning rate, evaluations...)."""
-    skip = {'seed', 'out_dir', 'resume', 'overwrite', 'max_iters', 'num_params', 'model', *CONDITION_KEYS}
+    # tie_weights: the flag (unset under the lab, True in train.py) is compared as the model's resolved value
+    skip = {'seed', 'out_dir', 'resume', 'overwrite', 'max_iters', 'num_params', 'model', 'tie_weights',
+            *CONDITION_KEYS}
     c = {k: v for k, v in run['config'].items() if k not in skip}
     c['model'] = {k: v for k, v in run['config']['model'].items() if k not in CONDITION_KEYS}
     return json.dumps(c, sort_keys=True)

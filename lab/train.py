@@ -9,7 +9,7 @@ designs' flags on top and lab/designs.py's DesignedGPT where one of them is on.
 Nothing here is a second training loop: train.main runs, given this parser (train.py's plus the
 designs' group, and --supervision=gated, --recurrence=damped) and train.Hooks answered for the
 designs (Designs). With no design flag off its default the run is train.py's own: LoopedGPT, the
-same log and checkpoint, bit for bit.
+same records and weights, bit for bit (the logged flags differ in tie_weights' unset).
 """
 
 import argparse

@@ -460,16 +460,21 @@ def check_finite(losses, step, out_dir):
 
 def open_log(out_dir, resume, overwrite, ckpt, header):
     """Locks out_dir for the run's life (a second run into it is refused here), checks it again
-    (a run may have ended there meanwhile) and begins or reconciles its log: (the lock, the
-    run's id)."""
+    (a run may have ended there since check_folder) and begins or reconciles its log: (the lock,
+    the run's id). Refused, it lets the lock go."""
     try:
         os.makedirs(out_dir, exist_ok=True)
     except OSError as e:
         raise InputError(f"cannot write to {out_dir} ({e.strerror}); nothing was trained") \
             from None
     lock = lock_folder(out_dir)
-    check_folder(out_dir, resume, overwrite)
-    return lock, start_log(out_dir, overwrite, ckpt, header)
+    try:
+        check_folder(out_dir, resume, overwrite)
+        return lock, start_log(out_dir, overwrite, ckpt, header)
+    except InputError:
+        if lock is not None:
+            os.close(lock)
+        raise
 
 
 def start_log(out_dir, overwrite, ckpt, header):

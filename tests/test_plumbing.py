@@ -4,6 +4,7 @@ variant flag, the MFU peak of an H100, a run one step short of its goal is not f
 line was cut by a crash reads back up to its last whole line."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -90,3 +91,16 @@ def test_a_checkpoint_saved_when_w3_was_named_c_gate_still_loads(tmp_path):
     fresh = LoopedGPT(model.config)
     run.load_weights(fresh, ckpt['model'], 'the old checkpoint')
     assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values()))
+
+
+def test_open_log_refusing_a_folder_that_holds_a_run_lets_its_lock_go(tmp_path):
+    """A run found in out_dir under the lock (one that ended there since the early check) is refused in one
+    line, and the refused process lets the lock go: a later run in the same process is not told the folder is in
+    use by itself."""
+    (tmp_path / 'ckpt.pt').write_bytes(b'an earlier run')
+    with pytest.raises(run.InputError, match='already holds a run'):
+        run.open_log(str(tmp_path), False, False, None, {})
+    lock = run.lock_folder(str(tmp_path))
+    assert lock is not None
+    os.close(lock)
+    assert (tmp_path / 'ckpt.pt').read_bytes() == b'an earlier run'

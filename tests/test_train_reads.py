@@ -53,7 +53,7 @@ def lab_names(source):
     return names
 
 
-def test_train_py_takes_nothing_from_the_lab_and_at_most_18_names_from_data_and_plumbing():
+def test_train_py_takes_nothing_from_the_lab_and_at_most_19_names_from_data_and_plumbing():
     """What a single run needs beside its loop (the parser, the device, the run folder) is in plumbing/ and the
     batches in data/, so train.py reads short; each name taken from there is a look-up, so their count is held.
     (Members are look-ups too, and this leaves them out: data/ hands over plain functions and values, no object
@@ -62,7 +62,7 @@ def test_train_py_takes_nothing_from_the_lab_and_at_most_18_names_from_data_and_
         source = f.read()
     assert not re.search(r'^\s*(from|import) lab\b', source, flags=re.M)
     names = lab_names(source)
-    assert len(names) <= 18, sorted(names)
+    assert len(names) <= 19, sorted(names)
 
 
 def test_the_name_count_counts_module_attributes():
