@@ -247,8 +247,8 @@ class LoopedGPT(nn.Module):
             yield k, h
 
     def loop_pass(self, h, e, k, n_loop):
-        """Pass k of n_loop: every layer of the stack once, in order, (B, T, C) -> (B, T, C). A
-        seam: lab/designs.py's passes also read the embedding e, k and n_loop."""
+        """Pass k of n_loop: every layer of the stack once, in order, (B, T, C) -> (B, T, C), from h
+        alone here. A seam: lab/designs.py's passes also read the embedding e, k and n_loop."""
         for block in self.blocks:
             h = block(h)
         return h
@@ -311,7 +311,7 @@ class LoopedGPT(nn.Module):
             states.append(h)
             if targets is None:
                 continue
-            if k < K:  # recomputed in backward: K copies of a 50k-token vocab's logits won't fit
+            if k < K:  # recomputed in backward: K copies of a 50k-token BPE's logits won't fit
                 ce = checkpoint(self.loop_loss, h, k, targets, use_reentrant=False)[1]
             else:
                 logits, ce = self.loop_loss(h, k, targets)             # (B, T, V), returned

@@ -106,7 +106,7 @@ def get_lr(args, step):
     nanoGPT's cosine down to min_lr (--decay_lr); the step alone decides it (a resume continues)."""
     lr, warmup = args.learning_rate, args.warmup_iters
     if step < warmup:
-        return lr * ((step + 1) / warmup)  # nanoGPT's: / (warmup + 1); kept for committed runs
+        return lr * ((step + 1) / warmup)  # nanoGPT's: / (warmup + 1); so logged runs reproduce
     if not args.decay_lr:
         return lr
     if step > args.lr_decay_iters:
@@ -135,7 +135,7 @@ def resolve_schedule(args, n_tokens, T, global_batch, say):
 
 @torch.no_grad()
 def evaluate(model, batches, n_loop, ctx):
-    """Mean cross-entropy at every exit depth 1..n_loop and mean ||h_k|| at every loop."""
+    """Mean cross-entropy at every exit depth 1..n_loop and mean ||h_k|| (forward's stats)."""
     model.eval()
     ce, norm, n = 0.0, 0.0, 0
     for x, y in batches:
@@ -158,7 +158,7 @@ def state_turn(model, x, n_loop, ctx):
         for _, h in model.loops(h_prev, n_loop):
             u, v = F.normalize(h_prev.float(), dim=-1), F.normalize(h.float(), dim=-1)
             angle = torch.rad2deg(2 * torch.atan2((u - v).norm(dim=-1), (u + v).norm(dim=-1)))
-            turns.append(round(angle.mean().item(), 4))  # 2 atan2: acos, accurate near 0
+            turns.append(round(angle.mean().item(), 4))  # acos(u.v), exact near 0 too
             h_prev = h
     model.train()
     return turns
@@ -283,10 +283,10 @@ def begin_log(run):
     which checks that the run may write there and begins or reconciles its log. Returns (the lock,
     or None on other ranks, the run's id)."""
     args, c = run.args, run.raw_model.config
-    n_params, B = run.raw_model.num_params(), args.batch_size * run.micro_steps * run.world
+    n_params, batch = run.raw_model.num_params(), args.batch_size * run.micro_steps * run.world
     run.say(f"{args.out_dir}: {type(run.raw_model).__name__}, {n_params:,} parameters, "
-            f"{c.n_layer} layers x {c.n_loop} loops; global batch {B} = {args.batch_size} x "
-            f"{run.micro_steps} micro-steps x {run.world} processes, {B * c.block_size:,} "
+            f"{c.n_layer} layers x {c.n_loop} loops; global batch {batch} = {args.batch_size} x "
+            f"{run.micro_steps} micro-steps x {run.world} processes, {batch * c.block_size:,} "
             f"tokens/step, {run.raw_model.flops_per_token() / 1e6:.1f} MFLOPs/token")
     if run.world > 1:  # every process has read out_dir and its checkpoint before rank 0 writes
         dist.barrier()
