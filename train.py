@@ -158,7 +158,7 @@ def state_turn(model, x, n_loop, ctx):
         for _, h in model.loops(h_prev, n_loop):
             u, v = F.normalize(h_prev.float(), dim=-1), F.normalize(h.float(), dim=-1)
             angle = torch.rad2deg(2 * torch.atan2((u - v).norm(dim=-1), (u + v).norm(dim=-1)))
-            turns.append(round(angle.mean().item(), 4))  # acos(u.v), exact near 0 too
+            turns.append(round(angle.mean().item(), 4))  # acos(u.v), accurate near 0 too
             h_prev = h
     model.train()
     return turns
@@ -221,7 +221,7 @@ def eval_record(model, step, batches, ctx, hooks, out_dir):
 
 @dataclass
 class Run:
-    """What the training loop works with, made once by setup(); the loop holds where it stands."""
+    """Made once by setup(): what the loop works with (the step and best loss live in the loop)."""
     args: argparse.Namespace  # the flags, with a resumed run's and the schedule's values in them
     raw_model: nn.Module  # the model (its layers compiled in place by --compile): saved, evaluated
     model: nn.Module  # what a step calls: raw_model itself, or raw_model wrapped by DDP

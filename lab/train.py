@@ -32,12 +32,11 @@ def get_parser():
     for action in p._actions:  # the paper's two choice flags take the designs' values too
         if action.dest in ('supervision', 'recurrence'):
             action.choices = CHOICES[action.dest]
-    add_design_flags(p)
-    p.set_defaults(tie_weights=None)  # unset: tied, or untied under --init=gpt2 (as nanochat's)
-    for action in p._actions:
-        if action.dest == 'tie_weights':
+        if action.dest == 'tie_weights':  # unset: tied, or untied under --init=gpt2 (nanochat's)
+            action.default = None
             action.help = "the head shares the token embedding's weight (unset: tied, untied " \
                 "under --init=gpt2)"
+    add_design_flags(p)
     return p
 
 
