@@ -32,8 +32,8 @@ from data.loader import eval_batches, get_batch, load_data
 from data.common import InputError
 from looped import CHOICES, ConfigError, LoopedConfig, LoopedGPT
 # the run's plumbing: parser, device and processes, Ctrl-C, progress line, run folder's files
-from plumbing.run import (Interrupts, Parser, Progress, check_finite, check_folder, check_replicas,
-                          end_processes, log_record, open_log, restore, resume_args,
+from plumbing.run import (Parser, Progress, catch_signals, check_finite, check_folder,
+                          check_replicas, end_processes, log_record, open_log, restore, resume_args,
                           save_checkpoint, start_processes, sync_processes, what_is_kept)
 
 # ---- flags: the paper's model, training, evaluation, the system (presets: plumbing/run.py)
@@ -329,7 +329,7 @@ def train(run, hooks, run_id):
     progress = Progress(step, tokens, run.raw_model.flops_per_token(), run.device)
     t_start = time.time()  # for the log's elapsed_s (a resumed run's clock starts again)
     losses = []  # the training losses since the last check that they are finite
-    with Interrupts(run.world, say) as interrupts:
+    with catch_signals(run.world, say) as caught:  # the Ctrl-Cs and SIGTERMs received
         while True:
             # ---- evaluate, save, then log: a diverged run stops first, and is never saved
             if (step % args.eval_interval == 0 or step == args.max_iters) \
@@ -371,7 +371,7 @@ def train(run, hooks, run_id):
             optimizer.zero_grad(set_to_none=True)
             step += 1
             # ---- the bookkeeping: processes agree, divergence stops, progress, Ctrl-C saves
-            stop = bool(interrupts.received)
+            stop = bool(caught)
             if run.world > 1:  # every process the same loss and the same stop, or they hang
                 step_loss, step_ce, stop = sync_processes(step_loss, step_ce, stop, run.world)
             losses.append(step_loss)  # a non-finite loss is a divergence, always

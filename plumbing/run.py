@@ -21,7 +21,7 @@ import os
 import signal
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 import torch
 import torch.distributed as dist
@@ -232,29 +232,28 @@ def end_processes(ok):
         time.sleep(0.05)  # gloo's threads need the GIL a moment to let go of their tensors
 
 
-class Interrupts:
-    """Ctrl-C and SIGTERM set a flag that the loop reads once a step: it saves and exits 130
-    there. A second Ctrl-C aborts a single process at once (torchrun repeats the first)."""
-    def __init__(self, world, say):
-        self.world, self.say, self.received = world, say, []
+@contextmanager
+def catch_signals(world, say):
+    """Ctrl-C and SIGTERM append to the list it yields, which the loop reads once a step: it saves
+    and exits 130 there. A second Ctrl-C aborts a single process at once (torchrun repeats the
+    first). The earlier handlers come back on leaving."""
+    caught = []
 
-    def __enter__(self):
-        self.old = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM)}
-        return self
-
-    def __exit__(self, *exc):
-        for s, handler in self.old.items():
-            signal.signal(s, handler)
-
-    def handle(self, signum, frame):
-        if self.received and signum == signal.SIGINT and self.world == 1:
+    def handle(signum, frame):
+        if caught and signum == signal.SIGINT and world == 1:
             raise KeyboardInterrupt
-        if not self.received:
-            again = ' (Ctrl-C again to abort)' if signum == signal.SIGINT and self.world == 1 \
-                else ''
-            self.say(f"\n{signal.Signals(signum).name}: saving a checkpoint after this step{again}",
-                     flush=True)
-        self.received.append(signum)
+        if not caught:
+            again = ' (Ctrl-C again to abort)' if signum == signal.SIGINT and world == 1 else ''
+            say(f"\n{signal.Signals(signum).name}: saving a checkpoint after this step{again}",
+                flush=True)
+        caught.append(signum)
+
+    old = {s: signal.signal(s, handle) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield caught
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
 
 
 def fmt_time(s):

@@ -535,8 +535,8 @@ MUTATIONS = [
      ['tests/test_train.py::test_smoke_run_writes_log_and_checkpoint']),
     ('Ctrl-C exits without saving', 'train.py', '            if stop:\n                save(run,',
      '            if stop:\n                (run,', ['tests/test_train.py::test_ctrl_c_saves_and_resumes']),
-    ('a signal kills instead of saving', 'plumbing/run.py', '        self.old = {s: signal.signal(s, self.handle)',
-     '        self.old = {s: signal.signal(s, signal.getsignal(s))',
+    ('a signal kills instead of saving', 'plumbing/run.py', '    old = {s: signal.signal(s, handle)',
+     '    old = {s: signal.signal(s, signal.getsignal(s))',
      ['tests/test_train.py::test_ctrl_c_saves_and_resumes']),
     ('the log written before the checkpoint', 'train.py',
      "                if step > 0:  # the checkpoint first: the log never runs ahead of it\n"

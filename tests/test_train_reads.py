@@ -57,7 +57,7 @@ def test_train_py_takes_nothing_from_the_lab_and_at_most_19_names_from_data_and_
     """What a single run needs beside its loop (the parser, the device, the run folder) is in plumbing/ and the
     batches in data/, so train.py reads short; each name taken from there is a look-up, so their count is held.
     (Members are look-ups too, and this leaves them out: data/ hands over plain functions and values, no object
-    whose members a reader must look up; plumbing/ hands over Parser, Progress and Interrupts.)"""
+    whose members a reader must look up; plumbing/ hands over Parser and Progress.)"""
     with open(os.path.join(ROOT, 'train.py')) as f:
         source = f.read()
     assert not re.search(r'^\s*(from|import) lab\b', source, flags=re.M)
