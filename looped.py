@@ -20,11 +20,12 @@ the residual loop keeps carrying, and growing, that scale. The fields that expos
     norm_penalty  lambda                adds lambda * mean_k mean(h_k^2)
 
 The rest: the shape (vocab_size, block_size, n_embd, n_head, n_layer, n_loop, dropout), tie_weights,
-norm_eps. LoopedGPT.loops runs the loop; a method marked "A seam" is one lab/designs.py overrides.
+norm_eps. LoopedGPT.loops runs the loop; lab/designs.py overrides the methods marked "A seam", and
+forward and flops_per_token too.
 """
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -32,7 +33,7 @@ from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
 
-class ConfigError(ValueError):  # a value the config's checks refuse: train.py prints it in one line
+class ConfigError(ValueError):  # a value the checks refuse; train.py re-raises it as its InputError
     pass
 
 
@@ -74,7 +75,7 @@ class LoopedConfig:
         checks += [(name, getattr(self, name) >= 1, 'must be at least 1') for name in
                    ('vocab_size', 'block_size', 'n_embd', 'n_head', 'n_layer', 'n_loop')]
         return checks + [
-            ('n_embd', self.n_embd % max(self.n_head, 1) == 0,
+            ('n_embd', self.n_embd % max(self.n_head, 1) == 0,  # all are built: n_head=0 too
              f"is not divisible by n_head={self.n_head}"),
             ('norm_eps', 0 < self.norm_eps < math.inf, 'must be a finite number > 0'),  # nan fails
             ('dropout', 0.0 <= self.dropout < 1.0, 'must be in [0, 1)'),
@@ -83,9 +84,6 @@ class LoopedConfig:
              'must be in [0, 1] (or unset, to learn it)'),
             ('alpha', self.alpha is None or self.readout == 'alpha',
              f"is only used by readout='alpha', not {self.readout!r}")]
-
-    def to_dict(self):
-        return asdict(self)
 
 
 class RMSNorm(nn.Module):
@@ -111,7 +109,7 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         self.n_head, self.dropout = config.n_head, config.dropout
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=False)  # q, k, v at once
-        # no dropout after c_proj: the authors' model has none (the residual's is the MLP's alone)
+        # no dropout after c_proj, as the authors': the MLP's is the residual stream's only dropout
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
 
     def forward(self, x):
@@ -225,7 +223,7 @@ class LoopedGPT(nn.Module):
         """The n_layer layers every loop runs. A seam: lab/designs.py makes its own layers here."""
         return nn.ModuleList([Block(self.config) for _ in range(self.config.n_layer)])
 
-    def num_params(self):  # unique: the looped stack and a tied head count once
+    def num_params(self):  # the looped stack and a tied head once; the position table too
         return sum(p.numel() for p in self.parameters())
 
     # ---- the forward pass in the order it runs: embed, loops, readout, loss
@@ -262,9 +260,9 @@ class LoopedGPT(nn.Module):
         return self.readout(h, k)
 
     def head_loss(self, x, targets=None, reduction='mean'):
-        """The LM head on x = exit_input(h_k, k) (B, T, C): the one place a state becomes logits
-        (B, T, V) for training, evaluation and generate; with targets (B, T), their float32
-        cross-entropy too (train.py's --compile fuses the two, so that copy is never stored)."""
+        """(logits, and their cross-entropy given targets): the LM head on x = exit_input(h_k, k)
+        (B, T, C), the one place a state becomes logits (B, T, V), for training, evaluation and
+        generate. train.py's --compile fuses head and loss: the float32 logits are never stored."""
         logits = self.lm_head(x)                                      # (B, T, V)
         if targets is None:
             return logits, None
@@ -298,20 +296,21 @@ class LoopedGPT(nn.Module):
         return loss
 
     def forward(self, idx, targets=None, n_loop=None):
-        """idx, targets (B, T) token ids; n_loop defaults to the trained K and may exceed it.
-        Returns (the last loop's logits, (B, T, V) or (B, 1, V) without targets; the training loss
-        or None; stats: 'hidden_norm' (n_loop,), mean ||h_k|| over tokens, 'ce' (n_loop,)/None)."""
-        T, K = idx.size(1), n_loop or self.config.n_loop              # K: the depth run here
+        """idx, targets (B, T) token ids; n_loop: the depth to run, the trained K unless set (more
+        is allowed). Returns (logits: the last loop's, (B, T, V), or (B, 1, V) without targets;
+        loss: the training loss, or None without targets; stats: 'hidden_norm' (n_loop,), each
+        loop's mean ||h_k|| over tokens, and 'ce' (n_loop,), each loop's cross-entropy, or None)."""
+        T, depth = idx.size(1), n_loop or self.config.n_loop
         if T > self.config.block_size:
             raise ValueError(f"sequence of length {T} is longer than "
                              f"block_size={self.config.block_size}")
         e = self.embed(idx)                                           # h_0: (B, T, C)
         states, ces = [], []
-        for k, h in self.loops(e, K):                                 # h = h_k: (B, T, C)
+        for k, h in self.loops(e, depth):                             # h = h_k: (B, T, C)
             states.append(h)
             if targets is None:
                 continue
-            if k < K:  # recomputed in backward: K copies of a 50k-token BPE's logits won't fit
+            if k < depth:  # recomputed in backward: a 50k BPE's logits at every loop won't fit
                 ce = checkpoint(self.loop_loss, h, k, targets, use_reentrant=False)[1]
             else:
                 logits, ce = self.loop_loss(h, k, targets)             # (B, T, V), returned
@@ -320,7 +319,7 @@ class LoopedGPT(nn.Module):
                                              for h in states]),  # ||h_k||, before any norm
                  'ce': torch.stack([ce.detach().mean() for ce in ces]) if ces else None}
         if targets is None:  # only the next token is needed: the head on the last position
-            return self.head_loss(self.exit_input(h, K)[:, -1:, :])[0], None, stats
+            return self.head_loss(self.exit_input(h, depth)[:, -1:, :])[0], None, stats
         return logits, self.training_loss(ces, states), stats
 
     def flops_per_token(self):
@@ -363,10 +362,10 @@ class LoopedGPT(nn.Module):
             return idx
         return idx, (torch.stack(depths, 1) if depths else idx.new_zeros(idx.size(0), 0))
 
-    def exit_early(self, idx, n_loop, rule, t):
+    def exit_early(self, idx, n_loop, rule, threshold):
         """Log-probabilities (B, V) of the next token after idx (B, T), each row's from the first
-        loop whose rule passes at t (the last always does), and that loop (B,): top probability
-        >= t (confidence), KL(p_k || p_k-1) <= t (kl), ||z_k - z_k-1|| / ||z_k-1|| <= t (latent)."""
+        loop whose rule passes (the last always does), and that loop (B,). With t the threshold:
+        top p >= t (confidence), KL(p_k || p_k-1) <= t (kl), z_k's relative change <= t (latent)."""
         e = self.embed(idx)                                           # h_0: (B, T, C)
         depth = torch.zeros_like(idx[:, 0])                           # (B,): 0 until a row exits
         logp, logp_prev, z_prev = None, None, e[:, -1].float()
@@ -376,12 +375,12 @@ class LoopedGPT(nn.Module):
             z = h[:, -1].float()                                      # (B, C): the last position
             passes = k == n_loop
             if rule == 'confidence':
-                passes = passes | (logp_k.max(dim=-1).values.exp() >= t)
+                passes = passes | (logp_k.max(dim=-1).values.exp() >= threshold)
             elif rule == 'latent':
                 change = (z - z_prev).norm(dim=-1) / z_prev.norm(dim=-1).clamp_min(1e-12)
-                passes = passes | (change <= t)
+                passes = passes | (change <= threshold)
             elif rule == 'kl' and k > 1:
-                passes = passes | ((logp_k.exp() * (logp_k - logp_prev)).sum(dim=-1) <= t)
+                passes = passes | ((logp_k.exp() * (logp_k - logp_prev)).sum(dim=-1) <= threshold)
             stops = (depth == 0) & passes                             # (B,): rows exiting here
             logp = logp_k if logp is None else torch.where(stops[:, None], logp_k, logp)
             depth[stops] = k

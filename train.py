@@ -9,8 +9,8 @@ The laptop demo (an idle 2-core CPU: about 2 minutes a run, 1m52s); each run wri
 One GPU (bf16 or float16, torch.compile), continuing a run, nanoGPT's cosine, several processes:
     python train.py --config=gpu_char
     python train.py --resume --max_iters=1200
-    python train.py --decay_lr --warmup_iters=50
-    torchrun --standalone --nproc_per_node=2 train.py --device=cpu
+    python train.py --decay_lr --warmup_iters=50 --out_dir=out/cosine
+    torchrun --standalone --nproc_per_node=2 train.py --device=cpu --out_dir=out/ddp
 data/loader.py reads a dataset and cuts its batches; plumbing/run.py holds the rest of the run.
 """
 
@@ -40,9 +40,9 @@ from plumbing.run import (Parser, Progress, catch_signals, check_finite, check_f
 
 
 def get_parser(prog='train.py'):
-    # plumbing/run.py's Parser: one-line errors; it adds --config (the presets) and applies it
+    # plumbing/run.py's Parser: one-line errors, and --config (the presets; parse() applies them)
     p = Parser(prog=prog, description='Train a looped transformer LM.')
-    add, flag = p.add_argument, p.flag
+    add, flag = p.add_argument, p.flag  # flag: True/False, and --x alone means --x=True
     # the model: looped.py's LoopedConfig, its defaults the laptop run's (2 layers x 128, K = 4)
     add('--block_size', type=int, default=128, help='context length T')
     add('--n_embd', type=int, default=128, help='width d of the residual stream')
@@ -102,22 +102,22 @@ def model_config(args, vocab_size=65):
 
 
 def get_lr(args, step):
-    """The rate of optimizer step `step` (0-based): a linear warmup, then constant (the paper) or
-    nanoGPT's cosine down to min_lr (--decay_lr); the step alone decides it (a resume continues)."""
+    """The rate at step `step` (0-based; a resume continues): a linear warmup, then constant (the
+    paper) or nanoGPT's cosine to min_lr (--decay_lr; resolve_schedule, below, sets its values)."""
     lr, warmup = args.learning_rate, args.warmup_iters
     if step < warmup:
-        return lr * ((step + 1) / warmup)  # nanoGPT's: / (warmup + 1); so logged runs reproduce
+        return lr * ((step + 1) / warmup)  # nanoGPT divides by warmup + 1; kept: logs reproduce
     if not args.decay_lr:
         return lr
     if step > args.lr_decay_iters:
         return args.min_lr
-    progress = (step - warmup) / (args.lr_decay_iters - warmup)  # 0 after the warmup, 1 at the end
-    return args.min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (lr - args.min_lr)
+    decay_ratio = (step - warmup) / (args.lr_decay_iters - warmup)  # 0 after the warmup, 1 at end
+    return args.min_lr + 0.5 * (1 + math.cos(math.pi * decay_ratio)) * (lr - args.min_lr)
 
 
 def resolve_schedule(args, n_tokens, T, global_batch, say):
     """Writes into args the steps --epochs asks for (saying how) and --decay_lr's defaults: over the
-    whole run to a tenth of the rate (nanoGPT's). InputError: a decay ending before the warmup."""
+    whole run to a tenth of the rate (nanoGPT's). InputError: a decay ending by the warmup's end."""
     if args.epochs is not None:  # the authors' epoch: every window of T tokens at stride T/2
         windows = (n_tokens - T - 1) // (T // 2) + 1
         args.max_iters = math.ceil(args.epochs * windows / global_batch)
@@ -150,7 +150,7 @@ def evaluate(model, batches, n_loop, ctx):
 @torch.no_grad()
 def state_turn(model, x, n_loop, ctx):
     """The angle in degrees between h_{k-1} and h_k (h_0 = e) at each loop, mean over tokens: the
-    larger ||h||, the less a pass of roughly fixed size can turn the state, and the prediction."""
+    larger ||h||, the less a pass of roughly fixed size turns the state, and so its prediction."""
     model.eval()
     turns = []
     with ctx:
@@ -158,7 +158,7 @@ def state_turn(model, x, n_loop, ctx):
         for _, h in model.loops(h_prev, n_loop):
             u, v = F.normalize(h_prev.float(), dim=-1), F.normalize(h.float(), dim=-1)
             angle = torch.rad2deg(2 * torch.atan2((u - v).norm(dim=-1), (u + v).norm(dim=-1)))
-            turns.append(round(angle.mean().item(), 4))  # acos(u.v), accurate near 0 too
+            turns.append(round(angle.mean().item(), 4))  # angle: acos(u.v), accurate near 0 too
             h_prev = h
     model.train()
     return turns
@@ -172,10 +172,10 @@ def eval_line(record, K):
             f"2K {norm[-1]:.1f}")
 
 
-# ---- what python -m lab.train changes (a design's model, depth, DDP note, compile, logged values)
+# ---- what python -m lab.train changes: the model, its depth, DDP's unused ones, compile, the log
 
 class Hooks:
-    """What every plain run uses; lab/train.py's subclass gives the designs' answers instead."""
+    """A plain run's answers (read hooks.x(...) as this code); lab/train.py's subclass differs."""
     Config = LoopedConfig  # its fields are the model's flags, which a resumed run keeps
 
     def model_config(self, args, vocab_size):  # model_config above; the lab's picks a design
@@ -192,7 +192,7 @@ class Hooks:
             block.compile()
         model.head_loss = torch.compile(model.head_loss)  # an attribute shadows the method
 
-    def values(self, model, batch, ctx):  # what the run learned beyond the weights, for the log
+    def values(self, model, batch, ctx):  # learned beyond the weights (batch, ctx: a design's)
         alpha = model.config.readout == 'alpha'  # how much of the scale the readout chose to see
         return {'alpha': model.readout.norm.alpha().item()} if alpha else {}
 
@@ -201,18 +201,17 @@ class Hooks:
 
 
 def eval_record(model, step, batches, ctx, hooks, out_dir):
-    """The log's record (batches: {'val': ..., 'train': ...}): the validation loss and ||h_k|| at
-    depths 1..2K, the training loss at K, the turn at each loop, what a design learned. A
-    non-finite loss at any depth stops the run."""
+    """The log's record: validation loss and ||h_k|| at depths 1..2K, training loss at K, the turn
+    at each loop, what a design learned. A non-finite loss at any depth stops the run."""
     K = model.config.n_loop
     val_loss, val_norm = evaluate(model, batches['val'], 2 * K, ctx)
-    for k, v in enumerate(val_loss, 1):  # k: the depth
+    for k, v in enumerate(val_loss, 1):  # k: the depth; a divergence ends in one line, as bad input
         if not math.isfinite(v):
             raise InputError(f"validation loss is {v} at depth {k} at step {step}; stopping, "
                              f"{what_is_kept(out_dir)}")
-    train_loss = evaluate(model, batches['train'], K, ctx)[0][K - 1]
+    train_ce, _ = evaluate(model, batches['train'], K, ctx)  # cross-entropies by depth 1..K
     x, y = batches['val'][0]  # the first validation batch: the turn, and what a design learned
-    return {'step': step, 'train_loss': train_loss, 'val_loss': val_loss,
+    return {'step': step, 'train_loss': train_ce[K - 1], 'val_loss': val_loss,
             'hidden_norm': val_norm, 'turn': state_turn(model, x, 2 * K, ctx),
             **hooks.values(model, (x, y), ctx)}
 
@@ -256,18 +255,18 @@ def setup(args, given, hooks):
     meta, splits, identity = load_data(args.dataset, args.block_size, ckpt)  # all checked
     gen = torch.Generator().manual_seed(args.seed + rank)  # the order of the training windows
     Model, config = hooks.model_config(args, meta['vocab_size'])
-    resolve_schedule(args, len(splits['train']), config.block_size,
+    resolve_schedule(args, len(splits['train']), config.block_size,  # a design may set its own T
                      args.batch_size * micro_steps * world, say)
     check_folder(args.out_dir, args.resume, args.overwrite)  # every process, before any work
     torch.manual_seed(args.seed)
     raw_model = Model(config).to(device)
-    kind = device.split(':')[0]  # 'cuda', 'cpu' or 'mps': the fused AdamW and the scaler ask
+    kind = device.split(':')[0]  # 'cuda', 'cpu' or 'mps': the fused AdamW and the scaler take it
     optimizer = raw_model.configure_optimizers(args.weight_decay, args.learning_rate, kind)
     scaler = torch.amp.GradScaler(kind, enabled=dtype == 'float16')
     if ckpt is not None:  # trained on these data (load_data checked)
         restore(ckpt, raw_model, optimizer, scaler, gen, device)
         if rank > 0:  # only rank 0's batch order is saved; the others draw a fresh one
-            gen.manual_seed(args.seed + rank + 1000003 * ckpt['step'])
+            gen.manual_seed(args.seed + rank + 1000003 * ckpt['step'])  # a prime: fresh per step
     model = raw_model
     if use_compile:
         hooks.compile(raw_model)
@@ -280,8 +279,8 @@ def setup(args, given, hooks):
 
 def begin_log(run):
     """Rank 0 locks out_dir for the run's life through open_log (a second run is refused there),
-    which checks that the run may write there and begins or reconciles its log. Returns (the lock,
-    or None on other ranks, the run's id)."""
+    which checks that the run may write there and begins or reconciles its log. Returns (lock,
+    run_id); lock is None on ranks > 0."""
     args, c = run.args, run.raw_model.config
     n_params, batch = run.raw_model.num_params(), args.batch_size * run.micro_steps * run.world
     run.say(f"{args.out_dir}: {type(run.raw_model).__name__}, {n_params:,} parameters, "
@@ -291,7 +290,7 @@ def begin_log(run):
     if run.world > 1:  # every process has read out_dir and its checkpoint before rank 0 writes
         dist.barrier()
     if run.rank > 0:
-        return None, run.ckpt and run.ckpt.get('run_id')
+        return None, (run.ckpt.get('run_id') if run.ckpt else None)
     header = {'config': {**vars(args), 'model': asdict(c), 'num_params': n_params},
               'data': run.identity}
     return open_log(args.out_dir, args.resume, args.overwrite, run.ckpt, header)
@@ -313,8 +312,8 @@ def save(run, step, best_val_loss, last_eval_step, record, run_id):
 
 
 def train(run, hooks, run_id):
-    """The loop: every eval_interval steps evaluate, save, then log; every step a batch through
-    forward, backward, clip and AdamW; every log_interval steps a progress line. Ctrl-C saves."""
+    """The loop: each eval_interval steps evaluate, save (not step 0), log; each step micro_steps
+    batches forward and backward, clip, AdamW; each log_interval a progress line. Ctrl-C saves."""
     args, model, optimizer, scaler, say = run.args, run.model, run.optimizer, run.scaler, run.say
     K, T, B = run.raw_model.config.n_loop, run.raw_model.config.block_size, args.batch_size
     step, best_val_loss, last_eval_step, record = 0, float('inf'), -1, None
@@ -323,7 +322,8 @@ def train(run, hooks, run_id):
         last_eval_step, record = run.ckpt['last_eval_step'], run.ckpt.get('record')
         say(f"resuming {args.out_dir} at step {step} (model config from the checkpoint)")
         if step >= args.max_iters:  # nothing left to do
-            return say(f"{args.out_dir} is finished at step {step}; a larger --max_iters goes on")
+            say(f"{args.out_dir} is finished at step {step}; a larger --max_iters goes on")
+            return
     batches = eval_batches(run.splits, args.eval_iters, B, T, run.device)  # the same every time
     tokens = B * run.micro_steps * run.world * T
     progress = Progress(step, tokens, run.raw_model.flops_per_token(), run.device)
@@ -337,7 +337,7 @@ def train(run, hooks, run_id):
                 t_eval = time.time()
                 record = eval_record(run.raw_model, step, batches, run.ctx, hooks, args.out_dir)
                 record['elapsed_s'] = round(time.time() - t_start, 2)
-                best_val_loss = min(best_val_loss, record['val_loss'][K - 1])
+                best_val_loss = min(best_val_loss, record['val_loss'][K - 1])  # for the record
                 last_eval_step = step
                 if step > 0:  # the checkpoint first: the log never runs ahead of it
                     save(run, step, best_val_loss, last_eval_step, record, run_id)
@@ -352,7 +352,7 @@ def train(run, hooks, run_id):
                 group['lr'] = get_lr(args, step)
             drawn = hooks.depth(run.raw_model, args.seed, step)  # None: K (a lab design draws)
             step_loss = step_ce = 0.0
-            for micro in range(run.micro_steps):
+            for micro in range(run.micro_steps):  # windows start anywhere but the last T + 1
                 starts = torch.randint(len(run.splits['train']) - T - 1, (B,), generator=run.gen)
                 x, y = get_batch(run.splits['train'], starts, T, run.device)
                 if run.world > 1:  # all-reduce the gradients after the last micro-step only
@@ -361,7 +361,7 @@ def train(run, hooks, run_id):
                     _, loss, stats = model(x, y, n_loop=drawn)
                 scaler.scale(loss / run.micro_steps).backward()
                 step_loss = step_loss + loss.detach() / run.micro_steps
-                step_ce = step_ce + stats['ce'][-1] / run.micro_steps  # at the last exit, K
+                step_ce = step_ce + stats['ce'][-1] / run.micro_steps  # at the last exit (K)
             if args.grad_clip > 0:
                 scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
                 torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
@@ -377,7 +377,7 @@ def train(run, hooks, run_id):
             losses.append(step_loss)  # a non-finite loss is a divergence, always
             progress.count(step_loss, step_ce, skipped=scaler.get_scale() < scale)
             log_step = step % args.log_interval == 0 or step == args.max_iters
-            # before a log line, an evaluation or a stop, one sync reads the losses since the last
+            # one host read checks the losses since the last check (torchrun: synced every step)
             if log_step or step % args.eval_interval == 0 or stop or run.world > 1:
                 check_finite(losses, step, args.out_dir)
                 losses.clear()
@@ -393,12 +393,13 @@ def train(run, hooks, run_id):
         f"log {os.path.join(args.out_dir, 'log.jsonl')}")
 
 
-def main(argv=None, parser=None, hooks=Hooks(), out_dir_of=None):
+def main(argv=None, parser=None, hooks=None, out_dir_of=None):
     """One run (lab/train.py passes its parser, hooks and run names). A check of what the user gave
     (InputError) prints one line; anything else is a bug, and its traceback shows."""
-    # Parser.parse, not argparse's: (the flags, with --config's values under those typed, each
-    # checked; the set of flags typed); out_dir_of names the run folder when --out_dir is unset
-    args, given = (parser or get_parser()).parse(argv, out_dir_of)
+    parser, hooks = parser or get_parser(), hooks or Hooks()
+    # Parser.parse, not argparse's: (the flags, typed ones over --config's values, each checked;
+    # the set of flags typed); out_dir_of names the run folder when --out_dir is unset
+    args, given = parser.parse(argv, out_dir_of)
     lock, ok = None, False
     try:
         run = setup(args, given, hooks)
@@ -408,7 +409,7 @@ def main(argv=None, parser=None, hooks=Hooks(), out_dir_of=None):
             check_replicas(run.raw_model, run.world, run.device, run.say)
         ok = True
     except InputError as e:  # one line on stderr and exit status 1, as the parser's errors
-        sys.exit(f"train.py: error: {e}")
+        sys.exit(f"{parser.prog}: error: {e}")
     finally:
         if lock is not None:  # the folder free for the next run
             os.close(lock)

@@ -22,6 +22,7 @@ Every depth is LoopedGPT.loops run past K to 2K, read out as lab/diagnose.py rea
 answer_metrics is the function other tools import.
 """
 
+from dataclasses import asdict
 import os
 
 import numpy as np
@@ -175,7 +176,7 @@ def main(argv=None):
         except (ValueError, OSError) as e:
             p.error(f"{run}: {e}")
         K = model.config.n_loop
-        print(f"{run} at step {ckpt['step']}: {condition_name(model.config.to_dict())}, K={K}, "
+        print(f"{run} at step {ckpt['step']}: {condition_name(asdict(model.config))}, K={K}, "
               f"{model.config.n_layer} layers, n_embd {model.config.n_embd}")
         print_metrics(run, K, m)
         run_rows, hop_cols = table_rows(run, K, m)

@@ -32,6 +32,7 @@ Not here: the training step it times (train.py's, called as bench.train_step doe
 (train.py's evaluations), the early-exit speed of a trained model (lab/diagnose.py, plot_norms.py).
 """
 
+from dataclasses import asdict
 import argparse
 import contextlib
 import gc
@@ -205,7 +206,7 @@ def main(argv=None):
         peak, what = peak_rss_mib() - base, 'CPU peak RSS above baseline'
     tok_s = B * T / dt
     saved = saved_for_backward_mib(model, rt, x, y)
-    print(f"{condition_name(config.to_dict())} K={config.n_loop} d={config.n_embd} L={config.n_layer} "
+    print(f"{condition_name(asdict(config))} K={config.n_loop} d={config.n_embd} L={config.n_layer} "
           f"V={mine.vocab_size} B={B} T={T}: {model.num_params():,} params | {dt * 1000:.1f} ms/step | "
           f"{tok_s:,.0f} tok/s | MFU {fmt_mfu(tok_s, model.flops_per_token(), peak_flops(device, rt.dtype))} | "
           f"peak memory {peak:,.0f} MiB ({what}) | saved for backward {saved:,.1f} MiB | "
@@ -291,7 +292,7 @@ def generation(mine, args):
     except ValueError as e:
         fail(PROG, e)
     c = model.config
-    print(f"{rt.describe()} | {condition_name(c.to_dict())} d={c.n_embd} L={c.n_layer} K={c.n_loop} T={c.block_size} "
+    print(f"{rt.describe()} | {condition_name(asdict(c))} d={c.n_embd} L={c.n_layer} K={c.n_loop} T={c.block_size} "
           f"V={c.vocab_size}, {model.num_params():,} params, {what}, {torch.get_num_threads()} threads", flush=True)
     print(markdown(['batch', 'new tokens', 'cached tok/s', 'recomputed tok/s', 'speed-up'],
                    generation_speed(model, rt.device, mine.recompute_cap)))

@@ -15,6 +15,7 @@ this checkout's engine on its model when its looped.py has only the plain one). 
 the noise.
 """
 
+from dataclasses import asdict
 import argparse
 import dataclasses
 import importlib.util
@@ -55,10 +56,10 @@ def twins(other, ckpt):
         config, weights = state['config'], state['model']
     else:
         torch.manual_seed(0)
-        config = DesignConfig().to_dict()
+        config = asdict(DesignConfig())
         weights = DesignedGPT(DesignConfig(**config)).state_dict()
     # the other checkout's looped.py alone: the paper's model, or (before the designs moved to lab/) every design
-    known, defaults = {f.name for f in dataclasses.fields(other.LoopedConfig)}, DesignConfig().to_dict()
+    known, defaults = {f.name for f in dataclasses.fields(other.LoopedConfig)}, asdict(DesignConfig())
     missing = [name for name, value in config.items() if name not in known and value != defaults[name]]
     if missing:
         fail(PROG, f"the other checkout's looped.py has no {', '.join(missing)}: compare a model of the paper's "

@@ -21,6 +21,7 @@ runs the timed per-sequence benchmark over many runs through exit_results, exit_
 Not here: training (train.py), generation (sample.py), the figures over a grid of runs (plot_norms.py).
 """
 
+from dataclasses import asdict
 import argparse
 import math
 import os
@@ -750,7 +751,7 @@ def main(argv=None):
     device = next(model.parameters()).device
     c = model.config
     K = c.n_loop
-    print(f"{args.out_dir} at step {ckpt['step']}: {condition_name(c.to_dict())}, K={K}, on {device}")
+    print(f"{args.out_dir} at step {ckpt['step']}: {condition_name(asdict(c))}, K={K}, on {device}")
 
     if args.only in ('all', 'depth', 'exit'):
         x, y = windows(tokens, c.block_size, args.max_windows)
@@ -780,7 +781,7 @@ def main(argv=None):
     if args.only in ('all', 'layers'):
         print_layer_norms(model, x, K)
     if args.only in ('all', 'lemma'):
-        title = f"{args.out_dir} ({condition_name(c.to_dict())}), step {ckpt['step']}"
+        title = f"{args.out_dir} ({condition_name(asdict(c))}), step {ckpt['step']}"
         print_lemma(model, x, K, args.lemma_loops, title, fig_path)
 
 

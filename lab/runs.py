@@ -57,7 +57,7 @@ def label_part(f, value):
 
 
 def condition_name(cfg):
-    """A model's condition from its config as a dict (to_dict(), or the one in a run's log):
+    """A model's condition from its config as a dict (asdict(config), or the one in a run's log):
     'supervision + readout', then every other variant not at its default ('per_loop + rmsnorm +
     normed'); a field that an older log lacks is at its default."""
     name = f"{cfg['supervision']} + {cfg['readout']}"

@@ -137,7 +137,8 @@ class Parser(argparse.ArgumentParser):
             self.error("--resume continues a run and --overwrite replaces it: give one of them")
         if bad_flag(args):
             self.error(bad_flag(args))
-        args.out_dir = args.out_dir or (out_dir_of or (lambda a: run_name(a, self)))(args)
+        if not args.out_dir:
+            args.out_dir = out_dir_of(args) if out_dir_of else run_name(args, self)
         return args, given
 
 
@@ -206,7 +207,7 @@ def resolve_device(device, dtype, compile):
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # CUDA's fp32
     half = {'bfloat16': torch.bfloat16, 'float16': torch.float16}.get(dtype)
     ctx = torch.autocast(kind, dtype=half) if half else nullcontext()  # weights stay fp32
-    return device, dtype, kind == 'cuda' if compile == 'auto' else compile, ctx
+    return device, dtype, (kind == 'cuda' if compile == 'auto' else compile), ctx
 
 
 def start_processes(device, dtype, compile):
@@ -361,7 +362,8 @@ def load_checkpoint(path, device='cpu'):
     if missing:
         raise InputError(f"checkpoint {path} lacks {', '.join(sorted(missing))}; not a looped "
                          "checkpoint")
-    # SwiGLU's W3 was named c_gate before it was c_up: an older checkpoint reads as it was saved
+    # SwiGLU's W3 was named c_gate (a misnomer: W1, c_fc, is the gate) before it was c_up: an
+    # older checkpoint reads as it was saved
     ckpt['model'] = {k.replace('.mlp.c_gate.', '.mlp.c_up.'): v for k, v in ckpt['model'].items()}
     return ckpt
 

@@ -1,6 +1,7 @@
 """lab/bench.py: per-loop supervision must not cost K copies of the logits (GPT-2-sized vocabulary, CPU), and the
 suite runs on a CPU in under a minute."""
 
+from dataclasses import asdict
 import json
 import os
 import re
@@ -131,7 +132,7 @@ def test_compare_times_this_checkout_against_another_and_refuses_a_folder_withou
     from lab import compare
     from lab.designs import DesignConfig, DesignedGPT
     config = DesignConfig(vocab_size=11, block_size=16, n_embd=16, n_head=2, n_layer=1, n_loop=2)
-    torch.save({'model': DesignedGPT(config).state_dict(), 'config': config.to_dict(), 'step': 0},
+    torch.save({'model': DesignedGPT(config).state_dict(), 'config': asdict(config), 'step': 0},
                tmp_path / 'ckpt.pt')
     monkeypatch.chdir(ROOT)
     compare.main(['--against=.', f'--ckpt={tmp_path}', '--rounds=2', '--gen_rounds=2', '--tokens=8'])

@@ -2,6 +2,7 @@
 damped recurrence, DeepLoop's deepnorm block, STARS's Jacobian penalty. What each computes at init,
 by hand; its bound; its gradient reaching its own parameters; its value in the log and the eval line."""
 
+from dataclasses import asdict
 import json
 import math
 
@@ -216,7 +217,7 @@ def test_every_value_of_every_choice_field_survives_a_save_and_a_load(tmp_path, 
         for p in model.parameters():
             p.add_(0.01 * torch.randn_like(p))
     path = tmp_path / 'ckpt.pt'
-    torch.save({'model': model.state_dict(), 'config': model.config.to_dict(), 'step': 0}, path)
+    torch.save({'model': model.state_dict(), 'config': asdict(model.config), 'step': 0}, path)
     loaded, _ = load_model(str(path))
     theirs = dict(loaded.named_parameters())
     for name, p in model.named_parameters():

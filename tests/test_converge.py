@@ -1,6 +1,7 @@
 """lab/converge.py: the runs it trains and in which order, and every number of its tables on hand-built logs
 whose answers are known: the converged cost, the best rates, the controls, the course and the two accounts."""
 
+from dataclasses import asdict
 import json
 import os
 
@@ -26,7 +27,7 @@ def write_run(root, name, seed, records, lr, readout, n_loop=4, cosine=True, max
     folder.mkdir()
     config = {'seed': seed, 'max_iters': max_iters or records[-1]['step'], 'learning_rate': float(lr),
               'decay_lr': cosine,
-              'model': DesignConfig(n_layer=4, n_loop=n_loop, readout=readout, **model).to_dict()}
+              'model': asdict(DesignConfig(n_layer=4, n_loop=n_loop, readout=readout, **model))}
     lines = [json.dumps({'config': config})] + [json.dumps(r) for r in records]
     (folder / 'log.jsonl').write_text('\n'.join(lines) + '\n')
     return load_run(str(folder))

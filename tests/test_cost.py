@@ -1,6 +1,7 @@
 """lab/cost.py: the cost grid's cells, its tables' numbers on hand-built logs whose answers are known, and its
 precision measurement on a real checkpoint."""
 
+from dataclasses import asdict
 import json
 import math
 import os
@@ -15,8 +16,8 @@ from lab.designs import DesignConfig
 def fake_run(root, cell, seed, losses, norm=100.0, turn=2.0):
     """A finished run folder of one cell of the grid: validation losses at depths 1..2K at its last step."""
     flags = dict(a[2:].split('=', 1) for a in COST[cell] if not a.startswith(('--max_iters', '--eval', '--log')))
-    model = DesignConfig(n_layer=int(flags['n_layer']), n_loop=int(flags.get('n_loop', 4)), readout=flags['readout'],
-                         norm_penalty=float(flags.get('norm_penalty', 0))).to_dict()
+    model = asdict(DesignConfig(n_layer=int(flags['n_layer']), n_loop=int(flags.get('n_loop', 4)),
+                                readout=flags['readout'], norm_penalty=float(flags.get('norm_penalty', 0))))
     K = model['n_loop']
     folder = root / f"{cell.replace(' + ', '-')}-seed{seed}"
     folder.mkdir()

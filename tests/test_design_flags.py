@@ -3,7 +3,7 @@ parser reads it (lab/grid.py's flags_name), a True/False design field declared l
 condition gives it, and the one table every test's list of design values comes from."""
 
 import argparse
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 
 import pytest
 
@@ -56,7 +56,7 @@ def test_a_flag_whose_field_is_unset_by_default_is_read_by_its_type():
                              ('0', False, 'per_loop + rmsnorm + untied head')):
         values = flag_values([f'--tie_weights={text}'])
         assert values['tie_weights'] is tied
-        assert grid.flags_name([f'--tie_weights={text}']) == condition_name(DesignConfig(tie_weights=tied).to_dict()) \
+        assert grid.flags_name([f'--tie_weights={text}']) == condition_name(asdict(DesignConfig(tie_weights=tied))) \
             == name
     assert grid.flags_name(['--init=gpt2', '--tie_weights']) == 'per_loop + rmsnorm (gpt2 init) + tied head'
     assert grid.flags_name(['--init=gpt2', '--tie_weights=False']) == 'per_loop + rmsnorm (gpt2 init)'

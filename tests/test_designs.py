@@ -6,7 +6,7 @@ import os
 import re
 import subprocess
 import sys
-from dataclasses import fields
+from dataclasses import asdict, fields
 
 import numpy as np
 import pytest
@@ -72,7 +72,7 @@ def test_every_config_field_is_a_flag_that_reaches_the_model_and_the_checkpoint(
 def test_a_default_run_is_named_by_every_variant_not_at_its_default():
     args = train.parse_args(['--readout=raw', '--injection=add', '--n_prelude=2', '--bptt=1', '--block=sandwich'])
     assert args.out_dir == os.path.join('out', 'laptop-readout_raw-injection_add-prelude2-block_sandwich-bptt1')
-    assert condition_name(train.model_config(args)[1].to_dict()) == 'per_loop + raw + add + prelude2 + sandwich + bptt1'
+    assert condition_name(asdict(train.model_config(args)[1])) == 'per_loop + raw + add + prelude2 + sandwich + bptt1'
 
 
 def test_the_paper_grid_is_its_ten_conditions_whatever_is_declared():
@@ -403,7 +403,7 @@ def test_a_checkpoint_written_before_the_designs_loads_and_computes_the_same(tmp
     before = ('vocab_size', 'block_size', 'n_embd', 'n_head', 'n_layer', 'n_loop', 'dropout', 'readout', 'alpha',
               'recurrence', 'supervision', 'norm_penalty', 'init', 'mlp', 'tie_weights', 'attention', 'norm_eps')
     model = tiny().eval()
-    old_config = {k: model.config.to_dict()[k] for k in before}
+    old_config = {k: asdict(model.config)[k] for k in before}
     torch.save({'model': model.state_dict(), 'config': old_config, 'step': 1}, tmp_path / 'ckpt.pt')
     loaded, _ = load_model(str(tmp_path / 'ckpt.pt'))
     x, _ = tokens()

@@ -9,7 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import fields
+from dataclasses import asdict, fields
 
 import pytest
 import torch
@@ -84,7 +84,7 @@ def test_the_wikitext_prepare_script_counts_train_pys_paper_shapes():
 
 def save_run(folder, model, config):
     os.makedirs(folder)
-    torch.save({'model': model.state_dict(), 'config': config.to_dict(), 'step': 0,
+    torch.save({'model': model.state_dict(), 'config': asdict(config), 'step': 0,
                 'meta': {'itos': list('abcdefghijk')}, 'args': {}}, os.path.join(folder, 'ckpt.pt'))
     return str(folder)
 

@@ -2,6 +2,7 @@
 its mean, a seed short of one run left out, the verdict words, the norms, the readings on the convergence grid's
 own runs, and the command that writes table.md and the figure."""
 
+from dataclasses import asdict
 import json
 import os
 
@@ -26,7 +27,7 @@ def write_run(root, name, seed, loss, last_step=3000, norm=10.0):
     penalty = float(name.split('pen')[1]) if 'pen' in name else 0.0
     folder = root / f"{name.replace(' + ', '-')}-seed{seed}"
     folder.mkdir()
-    model = DesignConfig(n_layer=4, n_loop=n_loop, readout=readout, norm_penalty=penalty).to_dict()
+    model = asdict(DesignConfig(n_layer=4, n_loop=n_loop, readout=readout, norm_penalty=penalty))
     config = {'seed': seed, 'max_iters': 3000, 'learning_rate': float(lr), 'decay_lr': True, 'model': model}
     records = []
     for step, at_k in ((1500, loss + 0.3), (last_step, loss)):

@@ -2,6 +2,7 @@
 steps, the penalty, the rate), the gap rows, the change of the gap against the committed tied runs, the norms,
 and the predictions' checks."""
 
+from dataclasses import asdict
 import json
 
 import pytest
@@ -22,7 +23,7 @@ def write_run(root, name, seed, loss, norm):
         'rmsnorm' if 'rmsnorm' in name else 'raw', one_pass.LR, False, 3000, 0.0)
     folder = root / f"{name.replace(' + ', '-')}-seed{seed}"
     folder.mkdir()
-    model = DesignConfig(n_layer=4, n_loop=1, readout=readout, norm_penalty=penalty, tie_weights=not untied).to_dict()
+    model = asdict(DesignConfig(n_layer=4, n_loop=1, readout=readout, norm_penalty=penalty, tie_weights=not untied))
     config = {'seed': seed, 'max_iters': steps, 'learning_rate': float(lr), 'decay_lr': True, 'model': model}
     record = {'step': steps, 'train_loss': loss, 'val_loss': [loss, loss + 1], 'hidden_norm': [norm, 2 * norm],
               'elapsed_s': 1.0, 'turn': [1.0, 1.0]}

@@ -1,6 +1,7 @@
 """plot_norms.py, lab/paper.py and lab/grid.py: figures and tables from real (tiny) runs, the grid runner, and its
 one-line errors; plot_norms.py stands alone. The paired statistics are tested in test_stats.py."""
 
+from dataclasses import asdict
 import ast
 
 import csv
@@ -84,7 +85,7 @@ def test_every_condition_is_named_back_from_its_flags():
     for conditions in grid.GRIDS.values():
         for name, flags in conditions.items():
             config = lab_train.model_config(lab_train.parse_args(flags))[1]  # designs too: the lab's
-            assert grid.condition_name(config.to_dict()) == name
+            assert grid.condition_name(asdict(config)) == name
 
 
 @pytest.mark.parametrize('content, message', [
@@ -151,7 +152,7 @@ def test_plot_norms_stands_alone_and_names_the_paper_grid_as_the_lab_does():
     imported += [node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
     assert imported and not [m for m in imported if m == 'lab' or m.startswith('lab.')], imported
     for name, flags in plot_norms.CONDITIONS.items():
-        model = train.model_config(train.get_parser().parse(flags)[0])[1].to_dict()
+        model = asdict(train.model_config(train.get_parser().parse(flags)[0])[1])
         assert plot_norms.condition_name(model) == grid.condition_name(model) == name
     assert grid.GRIDS['paper'] is plot_norms.CONDITIONS and grid.GRID_FLAGS is plot_norms.GRID_FLAGS
 

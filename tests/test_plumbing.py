@@ -3,6 +3,7 @@ as typed (--tie_weights=False unties, a negative --seed is refused, 'no' is Fals
 variant flag, the MFU peak of an H100, a run one step short of its goal is not finished, and a log whose last
 line was cut by a crash reads back up to its last whole line."""
 
+from dataclasses import asdict
 import json
 import os
 
@@ -85,7 +86,7 @@ def test_a_checkpoint_saved_when_w3_was_named_c_gate_still_loads(tmp_path):
     model = LoopedGPT(LoopedConfig(vocab_size=11, block_size=8, n_embd=16, n_head=2, n_layer=1, n_loop=2))
     old = {k.replace('.mlp.c_up.', '.mlp.c_gate.'): v for k, v in model.state_dict().items()}
     assert any('c_gate' in k for k in old)
-    torch.save({'model': old, 'config': model.config.to_dict(), 'step': 1}, tmp_path / 'ckpt.pt')
+    torch.save({'model': old, 'config': asdict(model.config), 'step': 1}, tmp_path / 'ckpt.pt')
     ckpt = run.load_checkpoint(str(tmp_path / 'ckpt.pt'))
     assert list(ckpt['model']) == list(model.state_dict())
     fresh = LoopedGPT(model.config)

@@ -1,6 +1,7 @@
 """lab/stats.py: the paired statistics on hand-built logs with known seed-by-seed differences, the t quantiles
 against the printed table, and what lab/paper.py writes from them (paired.csv, table.md's second table)."""
 
+from dataclasses import asdict
 import csv
 import json
 import math
@@ -14,7 +15,7 @@ from lab.designs import DesignConfig
 def fake_run(root, folder, seed, losses, readout='rmsnorm', n_embd=64, steps=(100, 200), max_iters=200):
     """A run folder whose log holds given validation losses (one list over depths 1..2K per step), so the paired
     statistics have an answer computed by hand."""
-    model = {**DesignConfig(n_layer=2, n_embd=n_embd, n_loop=len(losses[0]) // 2, readout=readout).to_dict()}
+    model = {**asdict(DesignConfig(n_layer=2, n_embd=n_embd, n_loop=len(losses[0]) // 2, readout=readout))}
     config = {'seed': seed, 'max_iters': max_iters, 'dataset': 'shakespeare_char', 'out_dir': folder,
               'n_embd': n_embd, 'model': model, **{k: model[k] for k in stats.CONDITION_KEYS}}
     path = root / folder

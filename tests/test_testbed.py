@@ -1,6 +1,7 @@
 """lab/testbed.py's reading side on hand-built run folders (a log and an answers.json each) whose answers are
 known: the loops-help family, the checks of its predictions, and the tables by depth and by hop count."""
 
+from dataclasses import asdict
 import json
 
 import pytest
@@ -16,7 +17,7 @@ CE = {4: {1: 0.70, 2: 0.72, 3: 0.71}, 1: {1: 0.95, 2: 0.90, 3: 1.00}}   # answer
 def write_run(root, k, seed):
     folder = root / f"chains-K{k}-seed{seed}"
     folder.mkdir()
-    model = DesignConfig(n_layer=2, n_embd=64, n_loop=k, readout='raw').to_dict()
+    model = asdict(DesignConfig(n_layer=2, n_embd=64, n_loop=k, readout='raw'))
     config = {'seed': seed, 'max_iters': 3000, 'learning_rate': 3e-3, 'decay_lr': True, 'model': model}
     record = {'step': 3000, 'train_loss': 1.0, 'val_loss': [1.0] * 2 * k, 'hidden_norm': [5.0] * 2 * k,
               'elapsed_s': 1.0, 'turn': [1.0] * 2 * k}

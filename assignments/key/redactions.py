@@ -50,12 +50,12 @@ REDACTIONS = [
     ('looped.py',
      "            passes = k == n_loop\n"
      "            if rule == 'confidence':\n"
-     "                passes = passes | (logp_k.max(dim=-1).values.exp() >= t)\n"
+     "                passes = passes | (logp_k.max(dim=-1).values.exp() >= threshold)\n"
      "            elif rule == 'latent':\n"
      "                change = (z - z_prev).norm(dim=-1) / z_prev.norm(dim=-1).clamp_min(1e-12)\n"
-     "                passes = passes | (change <= t)\n"
+     "                passes = passes | (change <= threshold)\n"
      "            elif rule == 'kl' and k > 1:\n"
-     "                passes = passes | ((logp_k.exp() * (logp_k - logp_prev)).sum(dim=-1) <= t)\n",
+     "                passes = passes | ((logp_k.exp() * (logp_k - logp_prev)).sum(dim=-1) <= threshold)\n",
      "            from lab.engine import exit_passes  # A7: the rules are the ones you write there\n"
-     "            passes = (k == n_loop) | exit_passes(rule, t, logp_k, logp_prev, z, z_prev)\n"),
+     "            passes = (k == n_loop) | exit_passes(rule, threshold, logp_k, logp_prev, z, z_prev)\n"),
 ]
