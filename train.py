@@ -28,13 +28,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from data.loader import eval_batches, get_batch, load_data
-from data.common import InputError
+from data.loader import eval_batches, get_batch, load_data  # a dataset read and checked; windows
+from data.common import InputError  # what the user gave is wrong: printed in one line, no traceback
 from looped import CHOICES, ConfigError, LoopedConfig, LoopedGPT
-# the run's plumbing: parser, device and processes, Ctrl-C, progress line, run folder's files
-from plumbing.run import (Parser, Progress, catch_signals, check_finite, check_folder,
-                          check_replicas, end_processes, log_record, open_log, restore, resume_args,
-                          save_checkpoint, start_processes, sync_processes, what_is_kept)
+# the run's plumbing (plumbing/run.py), each group said in a line so it can be taken on trust:
+from plumbing.run import Parser  # argparse, errors in one line; flag: True/False; parse: --config
+from plumbing.run import start_processes, sync_processes, check_replicas, end_processes  # torchrun
+from plumbing.run import catch_signals, check_finite, Progress  # Ctrl-C saves; NaN stops; the line
+from plumbing.run import check_folder, open_log, log_record, save_checkpoint  # the run's folder
+from plumbing.run import resume_args, restore, what_is_kept  # --resume; what a failure leaves
 
 # ---- flags: the paper's model, training, evaluation, the system (presets: plumbing/run.py)
 
@@ -264,7 +266,7 @@ def setup(args, given, hooks):
     optimizer = raw_model.configure_optimizers(args.weight_decay, args.learning_rate, kind)
     scaler = torch.amp.GradScaler(kind, enabled=dtype == 'float16')
     if ckpt is not None:  # trained on these data (load_data checked)
-        restore(ckpt, raw_model, optimizer, scaler, gen, device)
+        restore(ckpt, raw_model, optimizer, scaler, gen, device)  # weights, AdamW, scaler, RNGs
         if rank > 0:  # only rank 0's batch order is saved; the others draw a fresh one
             gen.manual_seed(args.seed + rank + 1000003 * ckpt['step'])  # a prime: fresh per step
     model = raw_model
@@ -278,9 +280,8 @@ def setup(args, given, hooks):
 
 
 def begin_log(run):
-    """Rank 0 locks out_dir for the run's life through open_log (a second run is refused there),
-    which checks that the run may write there and begins or reconciles its log. Returns (lock,
-    run_id); lock is None on ranks > 0."""
+    """Rank 0 locks out_dir for the run's life (a second run is refused), checks it and begins or
+    reconciles its log, all in open_log. Returns (lock, run_id); lock is None on ranks > 0."""
     args, c = run.args, run.raw_model.config
     n_params, batch = run.raw_model.num_params(), args.batch_size * run.micro_steps * run.world
     run.say(f"{args.out_dir}: {type(run.raw_model).__name__}, {n_params:,} parameters, "
@@ -301,7 +302,7 @@ def save(run, step, best_val_loss, last_eval_step, record, run_id):
     rng = {'torch': torch.get_rng_state(), 'batches': run.gen.get_state(),
            'cuda': torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
     if run.rank == 0:  # the other processes hold the same weights
-        save_checkpoint(os.path.join(run.args.out_dir, 'ckpt.pt'), {
+        save_checkpoint(os.path.join(run.args.out_dir, 'ckpt.pt'), {  # a new file, renamed in place
             'model': run.raw_model.state_dict(), 'optimizer': run.optimizer.state_dict(),
             'scaler': run.scaler.state_dict(), 'config': asdict(run.raw_model.config),
             'args': vars(run.args), 'step': step, 'best_val_loss': best_val_loss,
@@ -397,8 +398,7 @@ def main(argv=None, parser=None, hooks=None, out_dir_of=None):
     """One run (lab/train.py passes its parser, hooks and run names). A check of what the user gave
     (InputError) prints one line; anything else is a bug, and its traceback shows."""
     parser, hooks = parser or get_parser(), hooks or Hooks()
-    # Parser.parse, not argparse's: (the flags, typed ones over --config's values, each checked;
-    # the set of flags typed); out_dir_of names the run folder when --out_dir is unset
+    # (the flags, typed over --config's, checked; the set typed); out_dir_of: the folder's name
     args, given = parser.parse(argv, out_dir_of)
     lock, ok = None, False
     try:
@@ -406,14 +406,14 @@ def main(argv=None, parser=None, hooks=None, out_dir_of=None):
         lock, run_id = begin_log(run)
         train(run, hooks, run_id)
         if run.world > 1:
-            check_replicas(run.raw_model, run.world, run.device, run.say)
+            check_replicas(run.raw_model, run.world, run.device, run.say)  # rank 0's weights?
         ok = True
     except InputError as e:  # one line on stderr and exit status 1, as the parser's errors
         sys.exit(f"{parser.prog}: error: {e}")
     finally:
         if lock is not None:  # the folder free for the next run
             os.close(lock)
-        end_processes(ok)
+        end_processes(ok)  # torchrun's process group left
 
 
 if __name__ == '__main__':
