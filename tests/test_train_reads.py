@@ -3,6 +3,7 @@ few names from the lab to follow; python -m lab.train's --help lists the paper's
 every design flag trains through it (and is refused by train.py in one line naming it)."""
 
 import ast
+import dataclasses
 import importlib
 import io
 import keyword
@@ -213,3 +214,12 @@ def test_a_design_run_trains_through_the_labs_entry(small_data, tmp_path, flag, 
     lab_train.main(['--dataset', small_data, '--out_dir', str(tmp_path / 'r'), *TINY, flag])
     out = capsys.readouterr().out
     assert 'DesignedGPT' in out and 'done: 1 steps' in out
+
+
+def test_train_pys_model_flags_default_to_looped_configs_fields():
+    """train.py's parser writes each model default again beside its help (a reader sees both files): the two copies
+    agree, so a run with no flags builds LoopedConfig()'s model."""
+    parser = train.get_parser()
+    for f in dataclasses.fields(LoopedConfig):
+        if f.name != 'vocab_size':  # from the data
+            assert parser.get_default(f.name) == f.default, f.name
