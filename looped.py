@@ -157,8 +157,8 @@ class Block(nn.Module):
 
 class AlphaNorm(nn.Module):
     """The alpha readout: per token h = s * u, s = RMS(h), out = s_ref^(1 - alpha) * s^alpha * u
-    (alpha = 1: h, raw; 0: s_ref * u, scale-invariant); alpha = sigmoid(logit), learned from 0.5
-    unless fixed, and log s_ref learned."""
+    (alpha = 1: h, raw; 0: s_ref * u, RMSNorm's but with eps as a floor on s); alpha =
+    sigmoid(logit), learned from 0.5 unless fixed, and log s_ref learned."""
 
     def __init__(self, config):
         super().__init__()
