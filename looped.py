@@ -33,7 +33,7 @@ from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
 
-class ConfigError(ValueError):  # a value the checks refuse; train.py re-raises it as its InputError
+class ConfigError(ValueError):  # a value the checks refuse; train.py re-raises it as InputError
     pass
 
 
@@ -75,7 +75,7 @@ class LoopedConfig:
         checks += [(name, getattr(self, name) >= 1, 'must be at least 1') for name in
                    ('vocab_size', 'block_size', 'n_embd', 'n_head', 'n_layer', 'n_loop')]
         return checks + [
-            ('n_embd', self.n_embd % max(self.n_head, 1) == 0,  # all are built: n_head=0 too
+            ('n_embd', self.n_embd % max(self.n_head, 1) == 0,  # built even when n_head=0
              f"is not divisible by n_head={self.n_head}"),
             ('norm_eps', 0 < self.norm_eps < math.inf, 'must be a finite number > 0'),  # nan fails
             ('dropout', 0.0 <= self.dropout < 1.0, 'must be in [0, 1)'),
@@ -109,7 +109,7 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         self.n_head, self.dropout = config.n_head, config.dropout
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=False)  # q, k, v at once
-        # no dropout after c_proj, as the authors': the MLP's is the residual stream's only dropout
+        # no dropout after c_proj, as the authors': the MLP's is the only one a layer adds
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
 
     def forward(self, x):
@@ -157,8 +157,8 @@ class Block(nn.Module):
 
 class AlphaNorm(nn.Module):
     """The alpha readout: per token h = s * u, s = RMS(h), out = s_ref^(1 - alpha) * s^alpha * u
-    (alpha = 1: h, raw; 0: s_ref * u, RMSNorm's but with eps as a floor on s); alpha =
-    sigmoid(logit), learned from 0.5 unless fixed, and log s_ref learned."""
+    (alpha = 1: h, raw; 0: s_ref * u, scale-invariant: RMSNorm with one scalar gain s_ref, and eps a
+    floor on s); alpha = sigmoid(logit), learned from 0.5 unless fixed, and log s_ref learned."""
 
     def __init__(self, config):
         super().__init__()
@@ -262,7 +262,7 @@ class LoopedGPT(nn.Module):
     def head_loss(self, x, targets=None, reduction='mean'):
         """(logits, and their cross-entropy given targets): the LM head on x = exit_input(h_k, k)
         (B, T, C), the one place a state becomes logits (B, T, V), for training, evaluation and
-        generate. train.py's --compile fuses head and loss: the float32 logits are never stored."""
+        generate. --compile fuses head and loss: the float32 copy is never stored."""
         logits = self.lm_head(x)                                      # (B, T, V)
         if targets is None:
             return logits, None
@@ -318,7 +318,7 @@ class LoopedGPT(nn.Module):
         stats = {'hidden_norm': torch.stack([h.detach().float().norm(dim=-1).mean()
                                              for h in states]),  # ||h_k||, before any norm
                  'ce': torch.stack([ce.detach().mean() for ce in ces]) if ces else None}
-        if targets is None:  # only the next token is needed: the head on the last position
+        if targets is None:  # only the next token is needed: the head on h_depth's last position
             return self.head_loss(self.exit_input(h, depth)[:, -1:, :])[0], None, stats
         return logits, self.training_loss(ces, states), stats
 

@@ -2,13 +2,13 @@
 Train a looped transformer LM and log the per-loop hidden-state norms the paper is about.
 
 The laptop demo (an idle 2-core CPU: about 2 minutes a run, 1m52s); each run writes out/<name>/
-    python train.py --readout=rmsnorm --norm_penalty=0  # the blind spot: ||h_K|| climbs
+    python train.py --readout=rmsnorm --norm_penalty=0  # the blind spot: ||h_K|| ~1,000
     python train.py --readout=raw                       # the loss sees the scale: ||h_K|| small
     python train.py --norm_penalty=0.01                 # an explicit penalty
     python train.py --recurrence=normed                 # an RMSNorm between loops
 One GPU (bf16 or float16, torch.compile), continuing a run, nanoGPT's cosine, several processes:
     python train.py --config=gpu_char
-    python train.py --resume --max_iters=1200
+    python train.py --resume --max_iters=1200  # goes on with out/laptop, the set-up's run
     python train.py --decay_lr --warmup_iters=50 --out_dir=out/cosine
     torchrun --standalone --nproc_per_node=2 train.py --device=cpu --out_dir=out/ddp
 data/loader.py reads a dataset and cuts its batches; plumbing/run.py holds the rest of the run.
@@ -29,11 +29,11 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from data.loader import eval_batches, get_batch, load_data  # a dataset read and checked; windows
-from data.common import InputError  # what the user gave is wrong: printed in one line, no traceback
+from data.common import InputError  # bad input, or a run that cannot go on: one line
 from looped import CHOICES, ConfigError, LoopedConfig, LoopedGPT
 # the run's plumbing (plumbing/run.py), each group said in a line so it can be taken on trust:
 from plumbing.run import Parser  # argparse, errors in one line; flag: True/False; parse: --config
-from plumbing.run import start_processes, sync_processes, check_replicas, end_processes  # torchrun
+from plumbing.run import start_processes, sync_processes, check_replicas, end_processes  # devices
 from plumbing.run import catch_signals, check_finite, Progress  # Ctrl-C saves; NaN stops; the line
 from plumbing.run import check_folder, open_log, log_record, save_checkpoint  # the run's folder
 from plumbing.run import resume_args, restore, what_is_kept  # --resume; what a failure leaves
@@ -108,7 +108,7 @@ def get_lr(args, step):
     paper) or nanoGPT's cosine to min_lr (--decay_lr; resolve_schedule, below, sets its values)."""
     lr, warmup = args.learning_rate, args.warmup_iters
     if step < warmup:
-        return lr * ((step + 1) / warmup)  # nanoGPT divides by warmup + 1; kept: logs reproduce
+        return lr * ((step + 1) / warmup)  # / warmup, not nanoGPT's warmup + 1: logs reproduce
     if not args.decay_lr:
         return lr
     if step > args.lr_decay_iters:
@@ -194,16 +194,16 @@ class Hooks:
             block.compile()
         model.head_loss = torch.compile(model.head_loss)  # an attribute shadows the method
 
-    def values(self, model, batch, ctx):  # learned beyond the weights (batch, ctx: a design's)
-        alpha = model.config.readout == 'alpha'  # how much of the scale the readout chose to see
-        return {'alpha': model.readout.norm.alpha().item()} if alpha else {}
+    def values(self, model, batch, ctx):  # readout=alpha's alpha (batch, ctx: a design's values)
+        alpha = model.readout.norm.alpha().item() if model.config.readout == 'alpha' else None
+        return {} if alpha is None else {'alpha': alpha}  # how much of the scale the head sees
 
     def eval_extra(self, record):  # those values in the eval line
         return f" | alpha {record['alpha']:.3f}" if 'alpha' in record else ''
 
 
 def eval_record(model, step, batches, ctx, hooks, out_dir):
-    """The log's record: validation loss and ||h_k|| at depths 1..2K, training loss at K, the turn
+    """The log's record: validation loss and ||h_k|| at depths 1..2K, training CE at K, the turn
     at each loop, what a design learned. A non-finite loss at any depth stops the run."""
     K = model.config.n_loop
     val_loss, val_norm = evaluate(model, batches['val'], 2 * K, ctx)
@@ -233,7 +233,7 @@ class Run:
     meta: dict  # the vocabulary, kept in the checkpoint so that sample.py needs no data folder
     identity: dict  # the data's path, sizes and hashes: a checkpoint is read with its data only
     ctx: object  # autocast to bf16 or float16, or nothing
-    device: str  # 'cpu', 'cuda:0', 'mps'
+    device: str  # 'cpu', 'cuda', 'cuda:N' (torchrun) or 'mps'
     rank: int  # this process of world (torchrun); 0 of 1 alone
     world: int
     say: Callable  # print on rank 0; nothing on the other processes
@@ -376,7 +376,7 @@ def train(run, hooks, run_id):
             if run.world > 1:  # every process the same loss and the same stop, or they hang
                 step_loss, step_ce, stop = sync_processes(step_loss, step_ce, stop, run.world)
             losses.append(step_loss)  # a non-finite loss is a divergence, always
-            progress.count(step_loss, step_ce, skipped=scaler.get_scale() < scale)
+            progress.count(step_loss, step_ce, skipped=scaler.get_scale() < scale)  # for the line
             log_step = step % args.log_interval == 0 or step == args.max_iters
             # one host read checks the losses since the last check (torchrun: synced every step)
             if log_step or step % args.eval_interval == 0 or stop or run.world > 1:
@@ -398,7 +398,7 @@ def main(argv=None, parser=None, hooks=None, out_dir_of=None):
     """One run (lab/train.py passes its parser, hooks and run names). A check of what the user gave
     (InputError) prints one line; anything else is a bug, and its traceback shows."""
     parser, hooks = parser or get_parser(), hooks or Hooks()
-    # (the flags, typed over --config's, checked; the set typed); out_dir_of: the folder's name
+    # args: every flag, a typed one over --config's value, checked; given: the names typed
     args, given = parser.parse(argv, out_dir_of)
     lock, ok = None, False
     try:

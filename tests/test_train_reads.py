@@ -83,13 +83,19 @@ def reading_cost(source):
     """Seconds to read a file by one fixed estimate: 10 a non-blank line, 5 a distinct identifier (tokenize's
     NAME tokens that are not keywords)."""
     lines = sum(1 for line in source.splitlines() if line.strip())
-    tokens = tokenize.generate_tokens(io.StringIO(source).readline)
-    names = {t.string for t in tokens if t.type == tokenize.NAME and not keyword.iskeyword(t.string)}
+    names, in_fstring = set(), 0
+    for t in tokenize.generate_tokens(io.StringIO(source).readline):
+        # Python 3.12+ tokenizes inside f-strings; 3.11 gives one STRING: both count the names outside only
+        start, end = getattr(tokenize, 'FSTRING_START', None), getattr(tokenize, 'FSTRING_END', None)
+        in_fstring += (t.type == start) - (t.type == end)
+        if t.type == tokenize.NAME and not keyword.iskeyword(t.string) and not in_fstring:
+            names.add(t.string)
     return 10 * lines + 5 * len(names)
 
 
 def test_the_reading_cost_counts_lines_and_distinct_names_but_not_keywords_or_strings():
     assert reading_cost("x = y + x\n\n# a comment\nif x:\n    z = 'w v'\n") == 10 * 4 + 5 * 3
+    assert reading_cost("x = f'{y} {z:.1f}'\n") == 10 + 5  # on every Python: not the names inside an f-string
 
 
 def test_looped_py_and_train_py_read_within_1_2x_nanogpts_model_py_and_train_py():
