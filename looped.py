@@ -109,7 +109,7 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         self.n_head, self.dropout = config.n_head, config.dropout
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=False)  # q, k, v at once
-        # no dropout after c_proj, as the authors': the MLP's is the only one a layer adds
+        # no dropout after c_proj, as the authors' (a layer drops attention weights and MLP output)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
 
     def forward(self, x):

@@ -8,7 +8,7 @@ The laptop demo (an idle 2-core CPU: about 2 minutes a run, 1m52s); each run wri
     python train.py --recurrence=normed                 # an RMSNorm between loops
 One GPU (bf16 or float16, torch.compile), continuing a run, nanoGPT's cosine, several processes:
     python train.py --config=gpu_char
-    python train.py --resume --max_iters=1200  # goes on with out/laptop, the set-up's run
+    python train.py --resume --max_iters=1000  # goes on with out/laptop, the set-up's run
     python train.py --decay_lr --warmup_iters=50 --out_dir=out/cosine
     torchrun --standalone --nproc_per_node=2 train.py --device=cpu --out_dir=out/ddp
 data/loader.py reads a dataset and cuts its batches; plumbing/run.py holds the rest of the run.
@@ -33,7 +33,8 @@ from data.common import InputError  # bad input, or a run that cannot go on: one
 from looped import CHOICES, ConfigError, LoopedConfig, LoopedGPT
 # the run's plumbing (plumbing/run.py), each group said in a line so it can be taken on trust:
 from plumbing.run import Parser  # argparse, errors in one line; flag: True/False; parse: --config
-from plumbing.run import start_processes, sync_processes, check_replicas, end_processes  # devices
+from plumbing.run import start_processes, end_processes  # the device; torchrun's group in, out
+from plumbing.run import sync_processes, check_replicas  # torchrun: losses, then weights, agree
 from plumbing.run import catch_signals, check_finite, Progress  # Ctrl-C saves; NaN stops; the line
 from plumbing.run import check_folder, open_log, log_record, save_checkpoint  # the run's folder
 from plumbing.run import resume_args, restore, what_is_kept  # --resume; what a failure leaves
@@ -65,8 +66,7 @@ def get_parser(prog='train.py'):
     add('--batch_size', type=int, default=16, help='sequences per micro-step (per process)')
     add('--grad_accum', type=int, help='micro-steps a step, all processes together (unset: 1 each)')
     add('--max_iters', type=int, default=500, help='training steps in all (a resume continues)')
-    add('--epochs', type=float, help='epochs instead of --max_iters (windows of block_size at '
-        'stride block_size/2, as the authors count); unset: --max_iters')
+    add('--epochs', type=float, help="the authors' epochs (stride T/2); unset: --max_iters")
     add('--learning_rate', type=float, default=3e-3, help='after any warmup (the paper: 3e-4)')
     add('--warmup_iters', type=int, default=0, help='steps of a linear ramp up to learning_rate')
     flag('--decay_lr', False, "after the warmup, nanoGPT's cosine decay to min_lr")
@@ -76,7 +76,7 @@ def get_parser(prog='train.py'):
     add('--grad_clip', type=float, default=1.0, help='0 disables clipping')
     # evaluation, logging, checkpoints
     add('--eval_interval', type=int, default=100, help='steps between evaluations (and saves)')
-    add('--eval_iters', type=int, default=8, help='validation batches per evaluation')
+    add('--eval_iters', type=int, default=8, help='batches of each split per evaluation')
     add('--log_interval', type=int, default=20, help='steps between progress lines')
     add('--dataset', default='shakespeare_char', help='shakespeare_char, shakespeare, '
         'wikitext103 (data/), or a folder with train.bin, val.bin and meta.json')
@@ -108,7 +108,7 @@ def get_lr(args, step):
     paper) or nanoGPT's cosine to min_lr (--decay_lr; resolve_schedule, below, sets its values)."""
     lr, warmup = args.learning_rate, args.warmup_iters
     if step < warmup:
-        return lr * ((step + 1) / warmup)  # / warmup, not nanoGPT's warmup + 1: logs reproduce
+        return lr * ((step + 1) / warmup)  # / warmup, not nanoGPT's + 1: committed logs reproduce
     if not args.decay_lr:
         return lr
     if step > args.lr_decay_iters:
@@ -259,7 +259,7 @@ def setup(args, given, hooks):
     Model, config = hooks.model_config(args, meta['vocab_size'])
     resolve_schedule(args, len(splits['train']), config.block_size,  # a design may set its own T
                      args.batch_size * micro_steps * world, say)
-    check_folder(args.out_dir, args.resume, args.overwrite)  # every process, before any work
+    check_folder(args.out_dir, args.resume, args.overwrite)  # every process, before the model
     torch.manual_seed(args.seed)
     raw_model = Model(config).to(device)
     kind = device.split(':')[0]  # 'cuda', 'cpu' or 'mps': the fused AdamW and the scaler take it
@@ -338,7 +338,7 @@ def train(run, hooks, run_id):
                 t_eval = time.time()
                 record = eval_record(run.raw_model, step, batches, run.ctx, hooks, args.out_dir)
                 record['elapsed_s'] = round(time.time() - t_start, 2)
-                best_val_loss = min(best_val_loss, record['val_loss'][K - 1])  # for the record
+                best_val_loss = min(best_val_loss, record['val_loss'][K - 1])  # not a save rule
                 last_eval_step = step
                 if step > 0:  # the checkpoint first: the log never runs ahead of it
                     save(run, step, best_val_loss, last_eval_step, record, run_id)
