@@ -1,7 +1,7 @@
 """
 Train a looped transformer LM and log the per-loop hidden-state norms the paper is about.
 
-The laptop demo (an idle 2-core CPU: about 2 minutes a run, 1m52s); each run writes out/<name>/
+The laptop demo (an idle 2-core CPU: about 2 minutes a run); each run writes out/<name>/
     python train.py --readout=rmsnorm --norm_penalty=0  # the blind spot: ||h_K|| ~1,000
     python train.py --readout=raw                       # the loss sees the scale: ||h_K|| small
     python train.py --norm_penalty=0.01                 # an explicit penalty

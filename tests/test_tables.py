@@ -3,6 +3,7 @@ writes from the run logs committed beside it, byte for byte, or one whose missin
 (section "Every committed table and its logs"). A table in neither list fails, so none is committed unaccounted for."""
 
 import glob
+import json
 import os
 import re
 import shlex
@@ -154,3 +155,25 @@ def test_every_interval_a_page_quotes_is_an_interval_of_a_committed_table(page):
                if not any((close(m.group(1), x) and close(m.group(2), y)) or (close(m.group(1), y) and
                                                                           close(m.group(2), x)) for x, y in held)]
     assert not missing, f"{page} quotes intervals no committed table holds: {missing}"
+
+
+def test_the_readme_demo_table_is_the_step_500_evaluation_of_the_committed_demo_logs():
+    """The front page's four commands: each row's ||h_k|| and validation losses are the last evaluation (step 500) in
+    that command's log under figures/demo/runs (norms of 100 or more in whole numbers), and the ratio the page
+    draws from them is theirs."""
+    text = open(os.path.join(ROOT, 'README.md'), encoding='utf-8').read()
+    rows = re.findall(r'^\| `(--[^`]+)` \| ([^|]+) \| ([^|]+) \| ([^|]+) \|$', text, re.M)
+    assert [flags for flags, *_ in rows] == ['--readout=rmsnorm --norm_penalty=0', '--readout=raw',
+                                             '--norm_penalty=0.01', '--recurrence=normed'], rows
+    last = {}
+    for flags, norms, losses, loss_2k in rows:
+        name = flags.replace('--', '').replace('=', '_').replace(' ', '-')
+        with open(os.path.join(ROOT, 'figures', 'demo', 'runs', name, 'log.jsonl')) as f:
+            last[flags] = record = json.loads(f.read().splitlines()[-1])
+        assert record['step'] == 500, (flags, record['step'])
+        shown = [f"{v:.0f}" if v >= 100 else f"{v:.1f}" for v in record['hidden_norm'][:4]]
+        assert [v.strip(' *') for v in norms.split(',')] == shown, flags
+        assert [v.strip() for v in losses.split('/')] == [f"{v:.3f}" for v in record['val_loss'][:4]], flags
+        assert loss_2k.strip() == f"{record['val_loss'][-1]:.3f}", flags
+    rms, raw = (last[f]['hidden_norm'][3] for f in ('--readout=rmsnorm --norm_penalty=0', '--readout=raw'))
+    assert f"ends {rms / raw:.0f} times raw's ({rms:.0f} against {raw:.1f})" in text.replace('\n', ' ')
