@@ -21,7 +21,7 @@ the residual loop keeps carrying, and growing, that scale. The fields that expos
 
 The rest: the shape (vocab_size, block_size, n_embd, n_head, n_layer, n_loop, dropout), tie_weights,
 norm_eps. LoopedGPT.loops runs the loop; lab/designs.py overrides the methods marked "A seam", and
-forward and flops_per_token too.
+forward, flops_per_token and configure_optimizers too.
 """
 
 import math

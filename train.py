@@ -233,7 +233,7 @@ class Run:
     meta: dict  # the vocabulary, kept in the checkpoint so that sample.py needs no data folder
     identity: dict  # the data's path, sizes and hashes: a checkpoint is read with its data only
     ctx: object  # autocast to bf16 or float16, or nothing
-    device: str  # 'cpu', 'cuda', 'cuda:N' (torchrun) or 'mps'
+    device: str  # 'cpu', 'cuda', 'cuda:N' (typed, or torchrun's rank) or 'mps'
     rank: int  # this process of world (torchrun); 0 of 1 alone
     world: int
     say: Callable  # print on rank 0; nothing on the other processes
@@ -257,7 +257,7 @@ def setup(args, given, hooks):
     meta, splits, identity = load_data(args.dataset, args.block_size, ckpt)  # all checked
     gen = torch.Generator().manual_seed(args.seed + rank)  # the order of the training windows
     Model, config = hooks.model_config(args, meta['vocab_size'])
-    resolve_schedule(args, len(splits['train']), config.block_size,  # a design may set its own T
+    resolve_schedule(args, len(splits['train']), config.block_size,
                      args.batch_size * micro_steps * world, say)
     check_folder(args.out_dir, args.resume, args.overwrite)  # every process, before the model
     torch.manual_seed(args.seed)

@@ -55,7 +55,7 @@ def test_the_bad_input_table_is_checked_row_by_row():
     assert len(rows) >= 20
     # each line names the command as it was typed: a root script by its file, a lab tool by python -m lab.<tool>
     named = re.compile(r'((train|sample|plot_norms|prepare)\.py|'
-                       r'python -m lab\.(diagnose|atlas|norm_course|cost|paper)): error: ')
+                       r'python -m lab\.(diagnose|atlas|norm_course|cost|paper|train)): error: ')
     for cmd, (code, line) in rows:
         assert plan(cmd, (code, line)) == ('run', cmd, '', (code, line))  # run as written: the failure is the point
         assert code == 1 and named.match(line), line

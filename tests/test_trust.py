@@ -294,11 +294,13 @@ def test_a_checkpoint_whose_weights_do_not_fit_its_config_is_one_line(finished_r
 
 def test_sigterm_does_not_offer_a_second_ctrl_c(capsys):
     said = []
+    before = signal.getsignal(signal.SIGTERM)
     with train.catch_signals(1, lambda *a, **k: said.append(a[0])) as caught:
+        assert signal.getsignal(signal.SIGTERM) is not before  # else the kill below ends the whole suite
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.01)  # the handler runs between bytecodes, once the signal arrives
     assert caught == [signal.SIGTERM] and 'SIGTERM' in said[0] and 'Ctrl-C' not in said[0]
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the earlier handler is back
+    assert signal.getsignal(signal.SIGTERM) is before  # the earlier handler is back
 
 
 @pytest.mark.skipif(not os.path.exists('/dev/full'), reason='needs /dev/full, a device that is always full')
