@@ -262,7 +262,7 @@ class LoopedGPT(nn.Module):
     def head_loss(self, x, targets=None, reduction='mean'):
         """(logits, and their cross-entropy given targets): the LM head on x = exit_input(h_k, k)
         (B, T, C), the one place a state becomes logits (B, T, V), for training, evaluation and
-        generate. --compile fuses head and loss: the float32 copy is never stored."""
+        generate. --compile fuses head and loss: logits' float32 copy is never stored."""
         logits = self.lm_head(x)                                      # (B, T, V)
         if targets is None:
             return logits, None

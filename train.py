@@ -2,7 +2,7 @@
 Train a looped transformer LM and log the per-loop hidden-state norms the paper is about.
 
 The laptop demo (an idle 2-core CPU: about 2 minutes a run); each run writes out/<name>/
-    python train.py --readout=rmsnorm --norm_penalty=0  # the blind spot: ||h_K|| ~1,000
+    python train.py --readout=rmsnorm --norm_penalty=0  # the blind spot: ||h_K|| ~930
     python train.py --readout=raw                       # the loss sees the scale: ||h_K|| small
     python train.py --norm_penalty=0.01                 # an explicit penalty
     python train.py --recurrence=normed                 # an RMSNorm between loops
@@ -28,7 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from data.loader import eval_batches, get_batch, load_data  # a dataset read and checked; windows
+from data.loader import eval_batches, get_batch, load_data  # prepared if need be, checked; windows
 from data.common import InputError  # bad input, or a run that cannot go on: one line
 from looped import CHOICES, ConfigError, LoopedConfig, LoopedGPT
 # the run's plumbing (plumbing/run.py), each group said in a line so it can be taken on trust:

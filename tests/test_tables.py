@@ -176,4 +176,4 @@ def test_the_readme_demo_table_is_the_step_500_evaluation_of_the_committed_demo_
         assert [v.strip() for v in losses.split('/')] == [f"{v:.3f}" for v in record['val_loss'][:4]], flags
         assert loss_2k.strip() == f"{record['val_loss'][-1]:.3f}", flags
     rms, raw = (last[f]['hidden_norm'][3] for f in ('--readout=rmsnorm --norm_penalty=0', '--readout=raw'))
-    assert f"ends {rms / raw:.0f} times raw's ({rms:.0f} against {raw:.1f})" in text.replace('\n', ' ')
+    assert f"ends {rms / raw:.0f} times raw's ({rms:.0f} against {raw:.2f})" in text.replace('\n', ' ')

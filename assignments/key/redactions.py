@@ -22,7 +22,7 @@ REDACTIONS = [
     # A4 Q3 and A5 Q1 ask what the runs show
     ('train.py',
      '    python train.py --readout=rmsnorm --norm_penalty=0  '
-     '# the blind spot: ||h_K|| ~1,000\n'
+     '# the blind spot: ||h_K|| ~930\n'
      '    python train.py --readout=raw                       '
      '# the loss sees the scale: ||h_K|| small\n',
      '    python train.py --readout=rmsnorm --norm_penalty=0  '
