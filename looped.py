@@ -19,9 +19,8 @@ the residual loop keeps carrying, and growing, that scale. The fields that expos
     supervision   per_loop | terminal   the mean of the K cross-entropies, or the last one alone
     norm_penalty  lambda                adds lambda * mean_k mean(h_k^2)
 
-The rest: the shape (vocab_size, block_size, n_embd, n_head, n_layer, n_loop, dropout), tie_weights,
-norm_eps. LoopedGPT.loops runs the loop; lab/designs.py overrides the methods marked "A seam", and
-forward, flops_per_token and configure_optimizers too.
+LoopedGPT.loops runs the loop. lab/designs.py overrides the methods marked "A seam", and forward,
+flops_per_token and configure_optimizers too.
 """
 
 import math
@@ -342,9 +341,8 @@ class LoopedGPT(nn.Module):
                  exit_rule=None, exit_threshold=None, return_depths=False):
         """Append max_new_tokens sampled tokens to idx (B, T), each from its window run through
         n_loop loops (the trained K unless set), or up to the first whose exit rule passes. The
-        window grows to block_size tokens, then restarts from its newest half: unlike nanoGPT's,
-        which slides by one, this window keeps a KV cache valid (lab/engine.py). return_depths: each
-        token's exit loop too."""
+        window grows to block_size tokens, then restarts from its newest half (nanoGPT's slides by
+        one; this one keeps lab/engine.py's KV cache valid). return_depths: each exit loop too."""
         K, block = n_loop or self.config.n_loop, self.config.block_size
         start, depths = max(0, idx.size(1) - block), []
         for _ in range(max_new_tokens):
@@ -366,6 +364,8 @@ class LoopedGPT(nn.Module):
         """Log-probabilities (B, V) of the next token after idx (B, T), each row's from the first
         loop whose rule passes (the last always does), and that loop (B,). With t the threshold:
         top p >= t (confidence), KL(p_k || p_k-1) <= t (kl), z_k's relative change <= t (latent)."""
+        if rule not in ('confidence', 'kl', 'latent'):  # else every row would run all n_loop loops
+            raise ValueError(f"exit rule {rule!r}: confidence, kl or latent")
         e = self.embed(idx)                                           # h_0: (B, T, C)
         depth = torch.zeros_like(idx[:, 0])                           # (B,): 0 until a row exits
         logp, logp_prev, z_prev = None, None, e[:, -1].float()

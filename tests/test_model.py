@@ -261,6 +261,18 @@ def test_early_exit_rules():
     assert always.tolist() == [[1] * 3] * 2 and never.tolist() == [[3] * 3] * 2
 
 
+def test_looped_generate_refuses_an_unknown_exit_rule_rather_than_running_every_loop():
+    from looped import LoopedConfig, LoopedGPT
+    torch.manual_seed(0)
+    model = LoopedGPT(LoopedConfig(vocab_size=11, block_size=16, n_embd=32, n_head=4, n_layer=1,
+                                   n_loop=3)).eval()
+    x, _ = batch()
+    _, depths = model.generate(x[:, :4], 2, exit_rule='confidence', exit_threshold=0.0, return_depths=True)
+    assert depths.tolist() == [[1] * 2] * 2  # a known rule exits early
+    with pytest.raises(ValueError, match="'confidnce'"):
+        model.generate(x[:, :4], 2, exit_rule='confidnce', exit_threshold=0.0)
+
+
 def test_sdpa_matches_manual_attention():
     x, y = batch()
     sdpa, manual = tiny(attention='sdpa'), tiny(attention='manual')
