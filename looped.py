@@ -19,8 +19,9 @@ the residual loop keeps carrying, and growing, that scale. The fields that expos
     supervision   per_loop | terminal   the mean of the K cross-entropies, or the last one alone
     norm_penalty  lambda                adds lambda * mean_k mean(h_k^2)
 
-LoopedGPT.loops runs the loop. lab/designs.py overrides the methods marked "A seam", and forward,
-flops_per_token and configure_optimizers too.
+The rest: the shape (vocab_size, block_size, n_embd, n_head, n_layer, n_loop, dropout), tie_weights,
+norm_eps. LoopedGPT.loops runs the loop; lab/designs.py overrides the methods marked "A seam", and
+forward, flops_per_token and configure_optimizers too.
 """
 
 import math
@@ -364,8 +365,7 @@ class LoopedGPT(nn.Module):
         """Log-probabilities (B, V) of the next token after idx (B, T), each row's from the first
         loop whose rule passes (the last always does), and that loop (B,). With t the threshold:
         top p >= t (confidence), KL(p_k || p_k-1) <= t (kl), z_k's relative change <= t (latent)."""
-        if rule not in ('confidence', 'kl', 'latent'):  # else every row would run all n_loop loops
-            raise ValueError(f"exit rule {rule!r}: confidence, kl or latent")
+        assert rule in ('confidence', 'kl', 'latent'), f"unknown exit rule {rule!r}"
         e = self.embed(idx)                                           # h_0: (B, T, C)
         depth = torch.zeros_like(idx[:, 0])                           # (B,): 0 until a row exits
         logp, logp_prev, z_prev = None, None, e[:, -1].float()
