@@ -326,7 +326,7 @@ class LoopedGPT(nn.Module):
         """Training FLOPs per token, nanoGPT's count: 6 per use of a matrix weight (the stack's once
         a loop, the head's once a supervised loop) plus attention's 12 * K * n_layer * d * T."""
         c, K = self.config, self.config.n_loop
-        readouts = 1 if c.supervision == 'terminal' else K
+        readouts = 1 if c.supervision == 'terminal' else K  # terminal's logged CEs left out
         stack = sum(p.numel() for p in self.blocks.parameters() if p.dim() >= 2)
         attention = 12 * K * c.n_layer * c.n_embd * c.block_size
         return 6 * K * stack + 6 * readouts * c.vocab_size * c.n_embd + attention

@@ -35,7 +35,7 @@ from looped import CHOICES, ConfigError, LoopedConfig, LoopedGPT
 from plumbing.run import Parser  # argparse, errors in one line; flag: True/False; parse: --config
 from plumbing.run import start_processes, end_processes  # the device; torchrun's group in, out
 from plumbing.run import sync_processes, check_replicas  # torchrun: losses, then weights, agree
-from plumbing.run import catch_signals, check_finite, Progress  # Ctrl-C saves; NaN stops; the line
+from plumbing.run import catch_signals, check_finite, Progress  # Ctrl-C caught; NaN stops; the line
 from plumbing.run import check_folder, open_log, log_record, save_checkpoint  # the run's folder
 from plumbing.run import resume_args, restore, what_is_kept  # --resume; what a failure leaves
 
@@ -46,7 +46,7 @@ def get_parser(prog='train.py'):
     # plumbing/run.py's Parser: one-line errors, and --config (the presets; parse() applies them)
     p = Parser(prog=prog, description='Train a looped transformer LM.')
     add, flag = p.add_argument, p.flag  # flag: True/False, and --x alone means --x=True
-    # the model: looped.py's LoopedConfig, its defaults the laptop run's (2 layers x 128, K = 4)
+    # the model: a flag per field of looped.py's LoopedConfig, with its default (a test checks)
     add('--block_size', type=int, default=128, help='context length T')
     add('--n_embd', type=int, default=128, help='width d of the residual stream')
     add('--n_head', type=int, default=4, help='attention heads; must divide n_embd')
@@ -194,7 +194,7 @@ class Hooks:
             block.compile()
         model.head_loss = torch.compile(model.head_loss)  # an attribute shadows the method
 
-    def values(self, model, batch, ctx):  # readout=alpha's alpha (batch, ctx: a design's values)
+    def values(self, model, batch, ctx):  # readout=alpha's alpha (AlphaNorm); batch, ctx: designs'
         alpha = model.readout.norm.alpha().item() if model.config.readout == 'alpha' else None
         return {} if alpha is None else {'alpha': alpha}  # how much of the scale the head sees
 
@@ -243,7 +243,7 @@ class Run:
 
 def setup(args, given, hooks):
     """The Run the flags describe, all of it checked before out_dir is written: bad input never
-    harms an earlier run. Resumed, the model, optimizer and batch order are the checkpoint's."""
+    harms an earlier run. Resumed: the checkpoint's flags (into args), model, AdamW, batch order."""
     device, dtype, use_compile, ctx, rank, world = start_processes(args.device, args.dtype,
                                                                    args.compile)
     say = print if rank == 0 else (lambda *a, **k: None)

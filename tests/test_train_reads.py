@@ -102,7 +102,7 @@ def test_looped_py_and_train_py_read_within_1_2x_nanogpts_model_py_and_train_py(
     """nanoGPT's model.py and train.py cost 7,995 s by the same estimate (look-ups in other files left out; with
     its 9 look-ups at 60 s each, 8,535 s, the figure the whole reading with look-ups is compared to);
     1.2x of it is 9,594 s. (It was 1.15x until generate took the exit rules from sample.py, +40 lines, and the
-    loop's inputs got a declared Run; the look-ups, which this leaves out, cost more: docs/usage.md.)"""
+    loop's inputs got a declared Run; the look-ups, which this leaves out, are counted by a student's read.)"""
     total = 0
     for name in ('looped.py', 'train.py'):
         with open(os.path.join(ROOT, name)) as f:
