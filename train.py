@@ -96,9 +96,9 @@ def get_parser(prog='train.py'):
 def model_config(args, vocab_size=65):
     """The model the flags describe: (its class, its config); InputError for an invalid one. The
     class comes too because python -m lab.train's version of this function may pick another."""
-    values = {f.name: getattr(args, f.name) for f in fields(LoopedConfig) if f.name != 'vocab_size'}
-    try:  # LoopedConfig's own checks, of values the user typed
-        return LoopedGPT, LoopedConfig(vocab_size=vocab_size, **values)
+    values = {f.name: getattr(args, f.name, f.default) for f in fields(LoopedConfig)}
+    try:  # LoopedConfig's own checks, of values the user typed (a field with no flag: its default)
+        return LoopedGPT, LoopedConfig(**{**values, 'vocab_size': vocab_size})
     except ConfigError as e:
         raise InputError(str(e)) from None
 

@@ -46,7 +46,8 @@ def model_config(args, vocab_size=65):
         tied = args.tie_weights is not False
         return train.model_config(argparse.Namespace(**{**vars(args), 'tie_weights': tied}),
                                   vocab_size)
-    values = {f.name: getattr(args, f.name) for f in fields(DesignConfig) if f.name != 'vocab_size'}
+    # every field's flag (a looped.py field a student added without one: its default, as train.py does)
+    values = {f.name: getattr(args, f.name, f.default) for f in fields(DesignConfig) if f.name != 'vocab_size'}
     if args.tie_weights is None:  # unset: tied as the authors', untied as nanochat's under gpt2
         values['tie_weights'] = args.init != 'gpt2'
     try:  # DesignConfig's own checks, of values the user typed

@@ -139,9 +139,11 @@ def test_an_edit_to_looped_py_reaches_the_default_run_and_a_design_run_still_tra
     assert before.returncode == 0, before.stderr
     assert 'LoopedGPT' in before.stdout
     looped = repo / 'looped.py'
-    # a student's extra parameter in Block: the count train.py prints grows by it, once per layer
+    # a student's extra parameter in Block, sized by a new config field that has no flag in train.py yet: the
+    # field's default is used, and the count train.py prints grows by it, once per layer
+    edit(looped, "    norm_eps: float = 1e-6", "    extra: int = 7  # a student's field\n    norm_eps: float = 1e-6")
     edit(looped, "        self.mlp = MLP(config)\n",
-         "        self.mlp = MLP(config)\n        self.extra = nn.Parameter(torch.zeros(7))\n")
+         "        self.mlp = MLP(config)\n        self.extra = nn.Parameter(torch.zeros(config.extra))\n")
     after = run_train(repo, small_data)
     assert after.returncode == 0, after.stderr
     assert parameter_count(after.stdout) == parameter_count(before.stdout) + 7
