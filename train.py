@@ -28,7 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from data.loader import eval_batches, get_batch, load_data  # prepared if need be, checked; windows
+from data.loader import load_data, get_batch, eval_batches  # prepared if need be, checked; windows
 from data.common import InputError  # bad input, or a run that cannot go on: one line
 from looped import CHOICES, ConfigError, LoopedConfig, LoopedGPT
 # the run's plumbing (plumbing/run.py), each group said in a line so it can be taken on trust:
@@ -137,7 +137,7 @@ def resolve_schedule(args, n_tokens, T, global_batch, say):
 
 @torch.no_grad()
 def evaluate(model, batches, n_loop, ctx):
-    """Mean cross-entropy at every exit depth 1..n_loop and mean ||h_k|| (forward's stats)."""
+    """Mean cross-entropy and mean ||h_k|| at each exit depth 1..n_loop (forward's stats)."""
     model.eval()
     ce, norm, n = 0.0, 0.0, 0
     for x, y in batches:
@@ -213,7 +213,7 @@ def eval_record(model, step, batches, ctx, hooks, out_dir):
                              f"{what_is_kept(out_dir)}")
     train_ce, _ = evaluate(model, batches['train'], K, ctx)  # cross-entropies by depth 1..K
     x, y = batches['val'][0]  # the first validation batch: the turn, and what a design learned
-    return {'step': step, 'train_loss': train_ce[K - 1], 'val_loss': val_loss,
+    return {'step': step, 'train_loss': train_ce[K - 1], 'val_loss': val_loss,  # train: CE at K
             'hidden_norm': val_norm, 'turn': state_turn(model, x, 2 * K, ctx),
             **hooks.values(model, (x, y), ctx)}
 
@@ -233,7 +233,7 @@ class Run:
     meta: dict  # the vocabulary, kept in the checkpoint so that sample.py needs no data folder
     identity: dict  # the data's path, sizes and hashes: a checkpoint is read with its data only
     ctx: object  # autocast to bf16 or float16, or nothing
-    device: str  # 'cpu', 'cuda', 'cuda:N' (typed, or torchrun's rank) or 'mps'
+    device: str  # 'cpu', 'cuda', 'cuda:N' (typed, or torchrun's local rank) or 'mps'
     rank: int  # this process of world (torchrun); 0 of 1 alone
     world: int
     say: Callable  # print on rank 0; nothing on the other processes
@@ -243,7 +243,7 @@ class Run:
 
 def setup(args, given, hooks):
     """The Run the flags describe, all of it checked before out_dir is written: bad input never
-    harms an earlier run. Resumed: the checkpoint's flags (into args), model, AdamW, batch order."""
+    harms an earlier run. A resume takes the checkpoint's model, data, seed, schedule and state."""
     device, dtype, use_compile, ctx, rank, world = start_processes(args.device, args.dtype,
                                                                    args.compile)
     say = print if rank == 0 else (lambda *a, **k: None)

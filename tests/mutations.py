@@ -786,6 +786,13 @@ MUTATIONS = [
      '    if missing or unexpected or reshaped:', '    if False:',
      ['tests/test_class_handout.py::'
       'test_logits_doubled_in_head_loss_reach_training_and_sampling_and_an_old_checkpoint_names_the_new_parameter']),
+    ('an unknown exit rule runs every loop', 'looped.py',
+     "        assert rule in ('confidence', 'kl', 'latent'), f\"unknown exit rule {rule!r}\"", '        pass',
+     ['tests/test_model.py::test_looped_generate_refuses_an_unknown_exit_rule_rather_than_running_every_loop']),
+    ("a student's config field without a flag stops the run", 'train.py',
+     '    values = {f.name: getattr(args, f.name, f.default) for f in fields(LoopedConfig)}',
+     '    values = {f.name: getattr(args, f.name) for f in fields(LoopedConfig) if f.name != "vocab_size"}',
+     ['tests/test_train_reads.py::test_an_edit_to_looped_py_reaches_the_default_run_and_a_design_run_still_trains']),
 ]
 
 
