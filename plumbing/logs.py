@@ -76,19 +76,25 @@ def train_child(cmd, out_path):
     only us: we pass it (or SIGTERM) on, the run saves and exits, and we wait for the save. Its
     output goes to a file, not a pipe: reading a busy pipe runs no signal handler until it ends."""
     start, interrupted = os.path.getsize(out_path) if os.path.exists(out_path) else 0, False
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM: as Ctrl-C
+    # Ctrl-C, and SIGTERM as Ctrl-C, even where we started with SIGINT ignored (a shell script's
+    # background job): then, as train.py does, an explicit kill -INT still saves the run
+    previous = {s: signal.signal(s, signal.default_int_handler)
+                for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         with open(out_path, 'a') as out:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, process_group=0)
-            while proc.poll() is None:
-                try:  # a short sleep, not a blocking wait: a Ctrl-C is handled within 0.1 s
+            while True:
+                try:  # a poll and a short sleep, not a blocking wait: a Ctrl-C is passed on within
+                    if proc.poll() is not None:  # 0.1 s, whichever of the two it interrupts
+                        break
                     time.sleep(0.1)
                 except KeyboardInterrupt:  # a second one is passed on too: train.py's "abort now"
                     interrupted = True
                     proc.send_signal(signal.SIGINT)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
     with open(out_path) as f:
         lines = f.read()[start:].strip().splitlines() or ['no output']
     return proc.returncode, interrupted, lines[-1]

@@ -191,12 +191,14 @@ def test_every_run_is_read_at_its_own_K(two_runs, small_data, tmp_path):
 
 def test_ctrl_c_on_the_grid_lets_the_running_child_save(small_data, tmp_path):
     """Ctrl-C as a terminal sends it (to the whole foreground process group) while a grid run trains: the child saves
-    a checkpoint once, plot_norms waits for it and exits 130 with one line."""
+    a checkpoint once, plot_norms waits for it and exits 130 with one line. Started with SIGINT ignored, as a shell
+    script's background job is (where Python installs no Ctrl-C handler of its own): the grid still passes it on."""
     extra = ' '.join(['--dataset', small_data, *TINY, '--max_iters=100000', '--eval_interval=100000'])
     cmd = [sys.executable, '-u', 'plot_norms.py', '--run', '--conditions=per_loop-raw', '--out_root', str(tmp_path),
            '--fig_dir', str(tmp_path / 'figs'), '--train_args', extra]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # a process group of its own, like a shell's foreground job
+                            start_new_session=True,  # a process group of its own, like a shell's foreground job
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     run = tmp_path / 'laptop' / 'per_loop-raw-seed1'
     try:
         deadline = time.time() + 180  # about 5 s on an idle core; generous for a busy machine
