@@ -243,7 +243,7 @@ class Run:
 
 def setup(args, given, hooks):
     """The Run the flags describe, all of it checked before out_dir is written: bad input never
-    harms an earlier run. A resume takes the checkpoint's model, data, seed, schedule and state."""
+    harms an earlier run. Resumed: the saved model and state; data, seed, schedule if not typed."""
     device, dtype, use_compile, ctx, rank, world = start_processes(args.device, args.dtype,
                                                                    args.compile)
     say = print if rank == 0 else (lambda *a, **k: None)

@@ -84,9 +84,11 @@ def train_child(cmd, out_path):
         with open(out_path, 'a') as out:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, process_group=0)
+            # a poll and a short sleep, not a blocking wait: a Ctrl-C is passed on within 0.1 s,
+            # whichever of the two it interrupts
             while True:
-                try:  # a poll and a short sleep, not a blocking wait: a Ctrl-C is passed on within
-                    if proc.poll() is not None:  # 0.1 s, whichever of the two it interrupts
+                try:
+                    if proc.poll() is not None:
                         break
                     time.sleep(0.1)
                 except KeyboardInterrupt:  # a second one is passed on too: train.py's "abort now"
